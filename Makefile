@@ -1,0 +1,65 @@
+# LuminaMoon: `make demo` and `make test` work on a fresh machine (they set up first).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(abspath $(VENV))/bin/python
+TORCH_SPEC ?= torch==2.13.0
+TRITON_SPEC ?= triton==3.6.0
+JOBS ?= $(shell nproc)
+BUILD ?= build/cpp
+ASAN_BUILD ?= build/cpp-asan
+
+.PHONY: setup system-deps venv install dev cpp cpp-test cpp-asan-test pytest test demo bench clean
+
+setup: install
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+$(VENV)/.deps-stamp: scripts/install-system-deps.sh pyproject.toml
+	$(MAKE) system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" numpy scikit-build-core nanobind \
+	    pytest hypothesis scikit-learn tqdm matplotlib
+	touch $@
+
+venv: $(VENV)/.deps-stamp
+
+# A real `pip install .`: scikit-build-core builds libluminav, the luminav CLI and the
+# nanobind module luminamoon._luminav.
+install: venv
+	$(VPY) -m pip install -q --no-build-isolation --no-deps .
+
+# In-tree build for development: the module lands in python/luminamoon/ (use PYTHONPATH=python).
+dev: venv
+	cmake -S . -B build/dev -G Ninja -DLUMINAV_BUILD_PYTHON=ON -DLUMINAV_BUILD_TESTS=ON \
+	    -DPython_EXECUTABLE=$(VPY)
+	cmake --build build/dev -j $(JOBS)
+
+cpp: venv
+	cmake -S . -B $(BUILD) -G Ninja -DLUMINAV_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(BUILD) -j $(JOBS)
+
+cpp-test: cpp
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+cpp-asan-test: venv
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DLUMINAV_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Debug \
+	    -DLUMINAV_SANITIZE=address,undefined
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+
+pytest: install
+	cd tests && $(VPY) -m pytest -q -ra --rootdir=.. -c ../pyproject.toml .
+
+test: cpp-test cpp-asan-test pytest
+
+demo: install
+	$(VPY) -m luminamoon demo
+
+bench: install
+	$(VPY) benchmarks/bench_step.py
+
+clean:
+	rm -rf build $(VENV) python/luminamoon/_luminav*.so
