@@ -1,0 +1,4 @@
+"""``python -m luminamoon.aot build|inspect|verify ...``"""
+from .cli import main
+
+raise SystemExit(main())
