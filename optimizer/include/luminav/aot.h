@@ -134,7 +134,8 @@ struct LoadedKernel {
   CUcontext context = nullptr;  // the device's primary context
   CUmodule module = nullptr;
   CUfunction function = nullptr;
-  int num_regs = -1;              // as the driver reports, -1 unknown
+  int device_cc_major = 0, device_cc_minor = 0;  // the device's compute capability
+  int num_regs = -1;              // registers per thread as the driver reports, -1 unknown
   int params_checked = -1;        // parameter count the driver reported, -1 when it cannot say
 };
 
@@ -170,11 +171,12 @@ class AotRuntime {
   DeviceInfo device_info(int device_ordinal);
 
   // The variant of `key` that device `device_ordinal` can run (AotManifest::require with the
-  // device's compute capability), loaded. Throws kNotFound (no variant for this device), or
+  // device's compute capability), loaded. Takes a lock and a map lookup: callers on a hot path
+  // keep the returned reference (valid for the runtime's lifetime). Throws kNotFound (no variant for this device), or
   // kBundleError / kDriverError from load().
   const LoadedKernel& get(const std::string& key, int device_ordinal);
 
-  // Loads one manifest entry on a device (cached). Refuses, before any launch: a cubin the
+  // Loads one entry of manifest() on a device (cached). Refuses, before any launch: a cubin the
   // device cannot run (kBundleError naming both archs), num_ctas != 1, a module the driver
   // rejects, a missing entry symbol, a parameter count or size (cuFuncGetParamInfo, where the
   // driver has it) that disagrees with the manifest, more threads or shared memory than the
@@ -208,6 +210,7 @@ class AotRuntime {
     CUdeviceptr global = 0, profile = 0;             // aligned addresses passed to the kernel
   };
   DeviceState& device_state_locked(int device_ordinal);
+  const LoadedKernel& load_locked(const KernelMetadata& meta, DeviceState& ds);
   const Scratch* scratch_for(const LoadedKernel& kernel, LaunchGrid grid, CUstream stream);
 
   std::shared_ptr<const AotManifest> manifest_;
@@ -215,6 +218,7 @@ class AotRuntime {
   mutable std::mutex mutex_;
   std::map<int, std::unique_ptr<DeviceState>> devices_;
   std::map<std::pair<const KernelMetadata*, int>, std::unique_ptr<LoadedKernel>> loaded_;
+  std::map<std::pair<std::string, int>, const LoadedKernel*> by_key_;
   std::map<ScratchKey, std::unique_ptr<Scratch>> scratch_;
   int device_count_ = -1;
 };

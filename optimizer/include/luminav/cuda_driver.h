@@ -156,7 +156,7 @@ struct CudaDriverApi {
   // The version cuDriverGetVersion reported at load (e.g. 12040), 0 for an injected table.
   int driver_version = 0;
   // Where the table came from: "libcuda.so.1", or a name a test gives its fake.
-  const char* origin = "";
+  std::string origin;
 };
 
 // The process's driver table: the injected one while a ScopedDriverOverride is alive, else the
