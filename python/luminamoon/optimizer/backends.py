@@ -1,0 +1,138 @@
+"""Choosing a backend by name, for a device.
+
+Only the reference backend is imported eagerly; the others load on first use, and a missing
+piece (Triton, the compiled module, an AOT bundle) is reported as a
+:class:`BackendUnavailableError` (an ImportError) naming the backend and the fix.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from ._backend import Backend
+from ._plan import LaunchGroup
+from .reference import ReferenceBackend
+
+__all__ = ["BackendUnavailableError", "get_backend", "select_backend"]
+
+BACKEND_NAMES = ("auto", "reference", "triton", "cpu", "aot")
+
+_FIXES = {
+    "triton": "install Triton (pip install 'luminamoon[triton]'), or pass backend='reference'",
+    "cpu": "build the native module (pip install . or make dev), or pass backend='reference'",
+    "aot": "build the native module (pip install .) and pass aot_bundle=<directory written by "
+           "'luminamoon aot build'>, or pass backend='triton' or 'reference'",
+}
+
+_LOCK = threading.Lock()
+_INSTANCES: Dict[Tuple[str, Optional[str]], Backend] = {}
+# Names whose import failed, with the error, so "auto" does not retry an import every step.
+_UNAVAILABLE: Dict[str, BaseException] = {}
+
+
+class BackendUnavailableError(ImportError):
+    """A backend cannot be loaded on this machine."""
+
+
+def _unavailable(name: str, cause: BaseException) -> BackendUnavailableError:
+    return BackendUnavailableError(
+        f"backend {name!r} is unavailable: {type(cause).__name__}: {cause}; fix: {_FIXES[name]}")
+
+
+def _construct(name: str, aot_bundle: Optional[str]) -> Backend:
+    if name == "reference":
+        return ReferenceBackend()
+    try:
+        if name == "triton":
+            from .gpu_backend import TritonBackend
+
+            return TritonBackend()
+        if name == "cpu":
+            from .native import CpuBackend
+
+            return CpuBackend()
+        if name == "aot":
+            from .native import AotBackend
+    except ImportError as exc:
+        raise _unavailable(name, exc) from exc
+    if aot_bundle is None:
+        raise BackendUnavailableError(
+            f"backend 'aot' needs a bundle directory; fix: {_FIXES['aot']}")
+    return AotBackend(aot_bundle)
+
+
+def _instance(name: str, aot_bundle: Optional[str] = None) -> Backend:
+    key = (name, os.fspath(aot_bundle) if aot_bundle is not None and name == "aot" else None)
+    with _LOCK:
+        backend = _INSTANCES.get(key)
+        if backend is None:
+            backend = _construct(name, key[1])
+            _INSTANCES[key] = backend
+        return backend
+
+
+def _try_instance(name: str) -> Optional[Backend]:
+    """The backend, or None when it cannot load here (remembered: no retry per step)."""
+    if name in _UNAVAILABLE:
+        return None
+    try:
+        return _instance(name)
+    except (ImportError, OSError, RuntimeError) as exc:  # "auto": any load failure falls back
+        _UNAVAILABLE[name] = exc
+        return None
+
+
+def _auto_name(device: torch.device) -> str:
+    if device.type in ("cuda", "xpu"):
+        return "triton"
+    if device.type == "cpu":
+        return "cpu"
+    return "reference"
+
+
+def get_backend(name: str, device, *, aot_bundle=None) -> Backend:
+    """The backend called ``name`` for tensors on ``device``.
+
+    ``"auto"`` picks Triton on CUDA/XPU and the native CPU engine on CPU when they load,
+    else the reference backend (always on MPS and other devices).
+    """
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {name!r}")
+    device = torch.device(device)
+    if name != "auto":
+        return _instance(name, aot_bundle)
+    preferred = _auto_name(device)
+    if preferred != "reference":
+        backend = _try_instance(preferred)
+        if backend is not None:
+            return backend
+    return _instance("reference")
+
+
+def _describe(group: LaunchGroup) -> str:
+    return (f"{len(group)} tensor(s) on {group.device} (param {group.param_dtype}, grad "
+            f"{group.grad_dtype}, state {group.state_dtype}; parameter indices "
+            f"{list(group.param_indices)[:8]}{'...' if len(group) > 8 else ''})")
+
+
+def select_backend(choice, group: LaunchGroup, *, aot_bundle=None) -> Backend:
+    """The backend that steps ``group`` under the user's ``choice``.
+
+    ``choice`` is a name or a Backend instance. An explicit choice that cannot step the group
+    raises ValueError; ``"auto"`` falls back to the reference backend.
+    """
+    if isinstance(choice, Backend):
+        backend = choice
+    else:
+        backend = get_backend(choice, group.device, aot_bundle=aot_bundle)
+    if backend.supports(group):
+        return backend
+    if choice == "auto":
+        return _instance("reference")
+    raise ValueError(
+        f"backend {backend.name!r} cannot step {_describe(group)}; use backend='auto' or "
+        f"'reference', or move those parameters to a device and dtype that {backend.name!r} "
+        f"supports")

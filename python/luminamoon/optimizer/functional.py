@@ -1,0 +1,313 @@
+"""The functional form of TDCLM, and the step flow shared with the optimizer class.
+
+``tdclm(...)`` steps lists of tensors with one set of hyperparameters. ``run_launch_groups``
+is the flow of docs/internals.md ("One step") over launch groups; the ``LuminaMoon`` class
+calls it with its cached groups.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ._backend import Backend
+from ._device import _get_device_context
+from ._plan import LaunchGroup
+from ._validation import (
+    check_grad,
+    check_param,
+    check_state_tensor,
+    make_hyper,
+    validate_backend,
+    validate_hyperparameters,
+    validate_seed,
+)
+from .backends import select_backend
+
+__all__ = ["tdclm"]
+
+# Key of LaunchGroup.cache holding the process groups a sharded group's statistics and skip
+# flag are summed (maxed) over.
+SHARD_CACHE_KEY = "luminamoon.shard_groups"
+
+
+# --------------------------------------------------------------------------------------------
+# sharded (DTensor) parameters
+# --------------------------------------------------------------------------------------------
+_DTENSOR_API = None
+
+
+def _dtensor_api():
+    """(DTensor class, compute_local_shape_and_global_offset) or (None, None)."""
+    global _DTENSOR_API
+    if _DTENSOR_API is None:
+        try:
+            from torch.distributed.tensor import DTensor
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        except Exception:  # torch built without distributed, or an older layout
+            try:
+                from torch.distributed._tensor import DTensor
+                from torch.distributed._tensor._utils import (
+                    compute_local_shape_and_global_offset,
+                )
+            except Exception:
+                DTensor, compute_local_shape_and_global_offset = None, None
+        _DTENSOR_API = (DTensor, compute_local_shape_and_global_offset)
+    return _DTENSOR_API
+
+
+def is_dtensor(t) -> bool:
+    cls = _dtensor_api()[0]
+    return cls is not None and isinstance(t, cls)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The local storage of ``t`` (its shard for a DTensor)."""
+    return t.to_local() if is_dtensor(t) else t
+
+
+def shard_layout(p: torch.Tensor, name: str) -> Tuple[int, int, tuple]:
+    """(global flat index of the first local element, whole element count, shard groups)."""
+    if not is_dtensor(p):
+        return 0, p.numel(), ()
+    _, compute = _dtensor_api()
+    shard_dims = []
+    for mesh_dim, placement in enumerate(p.placements):
+        if placement.is_replicate():
+            continue
+        if placement.is_shard() and placement.dim == 0:
+            shard_dims.append(mesh_dim)
+            continue
+        raise ValueError(
+            f"{name} is a DTensor with placements {tuple(p.placements)}; LuminaMoon steps "
+            f"DTensors sharded on dim 0 (Shard(0), as FSDP2 does) or replicated; redistribute it")
+    if not shard_dims:
+        return 0, p.numel(), ()
+    _, global_offset = compute(p.shape, p.device_mesh, p.placements)
+    row = math.prod(p.shape[1:]) if p.dim() > 1 else 1
+    offset = int(global_offset[0]) * row if p.dim() > 0 else 0
+    groups = tuple(p.device_mesh.get_group(d) for d in shard_dims)
+    return offset, p.numel(), groups
+
+
+# --------------------------------------------------------------------------------------------
+# the step flow
+# --------------------------------------------------------------------------------------------
+def _raise_on_nonfinite(groups: Sequence[LaunchGroup], describe: Callable[[int], str]) -> None:
+    """nonfinite="raise": one host check per device, before anything changes."""
+    by_device: Dict[torch.device, List[Tuple[int, torch.Tensor]]] = {}
+    for group in groups:
+        if group.hyper.nonfinite != "raise":
+            continue
+        for k, grad in zip(group.param_indices, group.grads):
+            by_device.setdefault(group.device, []).append((k, grad))
+    bad: List[int] = []
+    for items in by_device.values():
+        finite = torch.stack([torch.isfinite(grad).all() for _, grad in items]).tolist()
+        bad.extend(k for (k, _), ok in zip(items, finite) if not ok)
+    if bad:
+        k = min(bad)
+        raise FloatingPointError(
+            f"{describe(k)} has a non-finite gradient (nan or inf) and nonfinite='raise'; "
+            f"nothing was changed. Fix: find where the gradient overflows (lower the lr, scale "
+            f"the loss), or pass nonfinite='skip' to skip such steps on the device")
+
+
+def _all_reduce_shards(groups: Sequence[LaunchGroup], flags: Dict[torch.device, torch.Tensor]):
+    """Sharded groups: S summed, the skip flag maxed over the shard ranks."""
+    import torch.distributed as dist
+
+    flag_groups = set()
+    for group in groups:
+        shard_groups = group.cache.get(SHARD_CACHE_KEY, ())
+        for pg in shard_groups:
+            if group.stats is not None:
+                dist.all_reduce(group.stats, op=dist.ReduceOp.SUM, group=pg)
+            if group.hyper.nonfinite == "skip":
+                flag_groups.add((group.device, pg))
+    for device, pg in sorted(flag_groups, key=lambda x: (str(x[0]), id(x[1]))):
+        dist.all_reduce(flags[device], op=dist.ReduceOp.MAX, group=pg)
+
+
+def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend], *,
+                      flags: Optional[Dict[torch.device, torch.Tensor]] = None,
+                      scratch: Optional[Dict[torch.device, torch.Tensor]] = None,
+                      skipped: Optional[torch.Tensor] = None,
+                      describe: Callable[[int], str] = lambda k: f"parameter {k}",
+                      ) -> Optional[torch.Tensor]:
+    """One step over ``groups``: raise check, pass 1, reduce, pass 2, commit.
+
+    ``flags``: per device, the int32 0-dim ``found_inf`` of the groups with nonfinite="skip"
+    (created when missing; zeroed here). ``scratch``: per device, the flag given to pass 1 of
+    the other groups, whose non-finite gradients must not skip anyone else's step.
+    ``skipped``: an int64 0-dim counter, += the step's skip decision.
+    Returns the skip decision (an int32 0-dim device tensor), or None when no group skips.
+    """
+    flags = {} if flags is None else flags
+    scratch = {} if scratch is None else scratch
+    _raise_on_nonfinite(groups, describe)
+
+    def flag_for(group: LaunchGroup) -> torch.Tensor:
+        table = flags if group.hyper.nonfinite == "skip" else scratch
+        flag = table.get(group.device)
+        if flag is None:
+            flag = torch.zeros((), dtype=torch.int32, device=group.device)
+            table[group.device] = flag
+        return flag
+
+    skip_devices = []
+    for group in groups:
+        flag = flag_for(group)
+        if group.hyper.nonfinite == "skip" and group.device not in skip_devices:
+            skip_devices.append(group.device)
+    for device in skip_devices:
+        flags[device].zero_()
+    for flag in scratch.values():
+        flag.zero_()
+
+    # Pass 1 (statistics, non-finite flag).
+    for group, backend in zip(groups, backends):
+        group.stats = None
+        if group.hyper.needs_pass1:
+            with _get_device_context(group.device):
+                backend.pass1(group, flag_for(group))
+    if any(group.cache.get(SHARD_CACHE_KEY) for group in groups):
+        _all_reduce_shards(groups, flags)
+    # One skip decision for the whole step: the flags of every device combined (max) before
+    # any pass 2 runs; cross-device copies, no host synchronisation.
+    if len(skip_devices) > 1:
+        home = skip_devices[0]
+        combined = torch.stack([flags[d].to(home, non_blocking=True) for d in skip_devices]).amax()
+        for device in skip_devices:
+            flags[device].copy_(combined, non_blocking=True)
+    # Pass 2 (the update), then commit (step counters).
+    for group, backend in zip(groups, backends):
+        with _get_device_context(group.device):
+            backend.pass2(group, flag_for(group))
+    for group, backend in zip(groups, backends):
+        with _get_device_context(group.device):
+            backend.commit(group, flag_for(group))
+    if not skip_devices:
+        return None
+    if skipped is not None:
+        decision = flags.get(skipped.device)
+        if decision is None:
+            decision = flags[skip_devices[0]].to(skipped.device, non_blocking=True)
+        skipped.add_(decision.to(torch.int64))
+    return flags[skip_devices[0]]
+
+
+# --------------------------------------------------------------------------------------------
+# the public functional
+# --------------------------------------------------------------------------------------------
+def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[torch.Tensor],
+          exp_avg_sqs: List[torch.Tensor], p_inits: Optional[List[torch.Tensor]],
+          steps: List[torch.Tensor], *, param_indices: Optional[List[int]] = None,
+          lr: Union[float, torch.Tensor], betas: Tuple[float, float], eps: float,
+          weight_decay: float, clip: float, bound_mode: str, bound: float, maximize: bool,
+          nonfinite: str, stochastic_rounding: bool, seed: int,
+          found_inf: Optional[torch.Tensor] = None, skipped: Optional[torch.Tensor] = None,
+          backend: Union[str, Backend] = "reference", aot_bundle=None) -> None:
+    """One TDCLM step (docs/tdclm.md) of ``params`` in place, with one set of hyperparameters.
+
+    ``exp_avgs``/``exp_avg_sqs`` are the moments (float32 or bfloat16, shaped as their
+    parameter), ``p_inits`` the initial values (required when ``bound_mode`` is not "none",
+    else None), ``steps`` 0-dim int64 tensors on each parameter's device holding the applied
+    step counts (updated in place). ``param_indices`` gives each tensor's index k in the
+    rounding streams (default 0, 1, ...). ``found_inf``: an int32 0-dim tensor that receives
+    the step's skip decision (zeroed first); ``skipped``: an int64 0-dim counter increased by it.
+    """
+    n = len(params)
+    lists = {"grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs, "steps": steps}
+    if bound_mode != "none" and p_inits is not None:
+        lists["p_inits"] = p_inits
+    for key, values in lists.items():
+        if len(values) != n:
+            raise ValueError(f"{key} has {len(values)} entries but params has {n}; give one per "
+                             f"parameter")
+    if not exp_avgs:
+        state_dtype = torch.float32
+    else:
+        state_dtype = exp_avgs[0].dtype
+    hyper_dict = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, clip=clip,
+                      bound_mode=bound_mode, bound=bound, maximize=maximize, nonfinite=nonfinite,
+                      stochastic_rounding=stochastic_rounding, state_dtype=state_dtype)
+    validate_hyperparameters(hyper_dict)
+    if seed is None:
+        raise ValueError("seed must be an integer in [0, 2**64) for tdclm (the optimizer draws "
+                         "one for you; the functional form needs it given)")
+    validate_seed(seed)
+    validate_backend(backend)
+    if bound_mode != "none" and p_inits is None:
+        raise ValueError(f"p_inits must be given when bound_mode={bound_mode!r}: a copy of each "
+                         f"parameter taken before its first update")
+    if param_indices is None:
+        param_indices = list(range(n))
+    elif len(param_indices) != n or len(set(param_indices)) != n:
+        raise ValueError(f"param_indices must hold {n} distinct indices, got {param_indices!r}")
+    if found_inf is not None and (found_inf.dim() != 0 or found_inf.dtype != torch.int32):
+        raise ValueError(f"found_inf must be a 0-dim int32 tensor, got shape "
+                         f"{tuple(found_inf.shape)} dtype {found_inf.dtype}")
+    if skipped is not None and (skipped.dim() != 0 or skipped.dtype != torch.int64):
+        raise ValueError(f"skipped must be a 0-dim int64 tensor, got shape "
+                         f"{tuple(skipped.shape)} dtype {skipped.dtype}")
+
+    hyper = make_hyper(hyper_dict)
+    buckets: Dict[tuple, LaunchGroup] = {}
+    for i in range(n):
+        name = f"params[{i}]"
+        p, g = params[i], grads[i]
+        check_param(p, name)
+        check_grad(p, g, name)
+        _check_state(p, exp_avgs[i], "exp_avg", state_dtype, name)
+        _check_state(p, exp_avg_sqs[i], "exp_avg_sq", state_dtype, name)
+        if hyper.bound_mode:
+            _check_state(p, p_inits[i], "p_init", p.dtype, name)
+        step = steps[i]
+        if not isinstance(step, torch.Tensor) or step.dim() != 0 or step.dtype != torch.int64:
+            raise ValueError(f"steps[{i}] must be a 0-dim int64 tensor, got {step!r}")
+        offset, global_numel, shard_groups = shard_layout(p, name)
+        local = local_tensor(p)
+        if step.device != local.device:
+            raise ValueError(f"steps[{i}] lives on {step.device} but {name} on {local.device}; "
+                             f"keep each step counter on its parameter's device")
+        key = (local.device, p.dtype, g.dtype, shard_groups)
+        group = buckets.get(key)
+        if group is None:
+            group = LaunchGroup(
+                device=local.device, param_dtype=p.dtype, grad_dtype=g.dtype,
+                state_dtype=state_dtype, hyper=hyper, lr=lr, seed=int(seed), params=[],
+                grads=[], exp_avgs=[], exp_avg_sqs=[],
+                p_inits=[] if hyper.bound_mode else None, steps=[], param_indices=[],
+                elem_offsets=[], global_numels=[])
+            if shard_groups:
+                group.cache[SHARD_CACHE_KEY] = shard_groups
+            buckets[key] = group
+        group.params.append(local)
+        group.grads.append(local_tensor(g))
+        group.exp_avgs.append(local_tensor(exp_avgs[i]))
+        group.exp_avg_sqs.append(local_tensor(exp_avg_sqs[i]))
+        if hyper.bound_mode:
+            group.p_inits.append(local_tensor(p_inits[i]))
+        group.steps.append(step)
+        group.param_indices.append(int(param_indices[i]))
+        group.elem_offsets.append(offset)
+        group.global_numels.append(global_numel)
+    groups = list(buckets.values())
+    chosen = [select_backend(backend, group, aot_bundle=aot_bundle) for group in groups]
+    flags = {}
+    if found_inf is not None:
+        flags[found_inf.device] = found_inf
+    position = {int(k): i for i, k in enumerate(param_indices)}
+    decision = run_launch_groups(groups, chosen, flags=flags, skipped=skipped,
+                                 describe=lambda k: f"params[{position[k]}] (param_indices {k})")
+    if found_inf is not None:
+        if decision is None:
+            found_inf.zero_()
+        elif decision is not found_inf:
+            found_inf.copy_(decision)
+
+
+def _check_state(p, t, key, dtype, name):
+    check_state_tensor(p, t, key, dtype, name)

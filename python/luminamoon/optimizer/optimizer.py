@@ -1,0 +1,424 @@
+"""The LuminaMoon optimizer: validation, param groups, state, and launch-group planning.
+
+A step is planned once (grouping, state creation, backend choice) and the plan is reused
+until the parameters with gradients, a hyperparameter other than lr, or a parameter's storage
+change. The update itself runs through :func:`luminamoon.optimizer.functional.run_launch_groups`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+from ._backend import Backend
+from ._device import _get_generator
+from ._plan import LaunchGroup
+from ._validation import (
+    HYPER_KEYS,
+    check_grad,
+    check_param,
+    check_state_tensor,
+    make_hyper,
+    validate_backend,
+    validate_hyperparameters,
+    validate_seed,
+)
+from .backends import select_backend
+from .functional import SHARD_CACHE_KEY, is_dtensor, local_tensor, run_launch_groups, shard_layout
+
+__all__ = ["LuminaMoon"]
+
+# Hyperparameters that decide the launch groups (lr is set on each step instead).
+_PLAN_KEYS = tuple(k for k in HYPER_KEYS if k != "lr")
+
+
+def _first_tensor(params: List[Any]) -> Optional[torch.Tensor]:
+    for item in params:
+        if isinstance(item, torch.Tensor):
+            return item
+        if isinstance(item, dict):
+            group_params = item.get("params", [])
+            if isinstance(group_params, torch.Tensor):
+                return group_params
+            for p in group_params:
+                if isinstance(p, torch.Tensor):
+                    return p
+    return None
+
+
+def _draw_seed(device: torch.device) -> int:
+    """A 64-bit seed from the default generator of ``device`` (two 32-bit draws)."""
+    gen = _get_generator(device)
+    words = torch.randint(0, 2**32, (2,), dtype=torch.int64, device=gen.device, generator=gen)
+    lo, hi = (int(w) for w in words.tolist())
+    return (hi << 32) | lo
+
+
+def _plan_key(group: Dict[str, Any]) -> tuple:
+    return tuple(tuple(group[k]) if k == "betas" else group[k] for k in _PLAN_KEYS)
+
+
+class _Plan:
+    """Launch groups of one step layout, their backends, and what they were built from."""
+
+    def __init__(self, signature, groups: List[LaunchGroup], backends: List[Backend],
+                 lr_sources: List[int], grad_sources: List[List[torch.Tensor]]):
+        self.signature = signature
+        self.groups = groups
+        self.backends = backends
+        self.lr_sources = lr_sources  # param-group index of each launch group
+        self.grad_sources = grad_sources  # parameters of each launch group, in order
+
+
+class LuminaMoon(torch.optim.Optimizer):
+    """TDCLM: two-pass, soft-clipped, decoupled-decay Adam with seeded stochastic rounding.
+
+    Args:
+        params: parameters or param-group dicts (each group may override any hyperparameter).
+        lr: learning rate (float or 0-dim tensor; torch.optim.lr_scheduler works with both).
+        betas: moment decay rates, each in [0, 1).
+        eps: denominator guard, > 0.
+        weight_decay: decoupled weight decay, >= 0.
+        clip: soft-clip threshold in units of each tensor's update RMS; 0 turns it off.
+        bound_mode: "none", "abs" or "rel": limit each parameter's distance from its initial
+            value to ``bound`` ("abs") or ``bound * sqrt(p0**2 + 1e-4)`` ("rel").
+        bound: the bound's size, > 0 (used when bound_mode is not "none").
+        maximize: ascend instead of descend.
+        nonfinite: "skip" (skip the whole step on the device), "raise" (FloatingPointError
+            before any change) or "propagate" (as torch.optim.AdamW).
+        stochastic_rounding: round bf16 stores stochastically with the seeded streams.
+        state_dtype: dtype of the moments, torch.float32 or torch.bfloat16.
+        seed: 64-bit base seed of the rounding streams; drawn once from the first parameter's
+            device generator when None. Saved in the state dict.
+        backend: "auto", "reference", "triton", "cpu", "aot" (or a Backend instance).
+        aot_bundle: directory of an ahead-of-time bundle, for backend="aot".
+
+    ``optimizer.skipped_steps`` is a 0-dim int64 tensor on the first parameter's device
+    counting the steps skipped for non-finite gradients (read it without a host sync).
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 clip=4.0, bound_mode="none", bound=1.0, maximize=False, nonfinite="skip",
+                 stochastic_rounding=True, state_dtype=torch.float32, seed=None,
+                 backend="auto", aot_bundle=None):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, clip=clip,
+                        bound_mode=bound_mode, bound=bound, maximize=maximize,
+                        nonfinite=nonfinite, stochastic_rounding=stochastic_rounding,
+                        state_dtype=state_dtype)
+        validate_hyperparameters(defaults)
+        validate_seed(seed)
+        validate_backend(backend)
+        if backend == "aot" and aot_bundle is None:
+            raise ValueError("backend='aot' needs aot_bundle=<bundle directory> (written by "
+                             "'luminamoon aot build')")
+        if isinstance(params, torch.Tensor):
+            raise TypeError("params must be an iterable of tensors or dicts, got a tensor; "
+                            "pass [tensor] or model.parameters()")
+        params = list(params)
+        self._seed: Optional[int] = None if seed is None else int(seed)
+        self._backend_choice = backend
+        self._aot_bundle = aot_bundle
+        self._plan: Optional[_Plan] = None
+        self._flags: Dict[torch.device, torch.Tensor] = {}
+        self._scratch: Dict[torch.device, torch.Tensor] = {}
+        super().__init__(params, defaults)
+        first = local_tensor(self.param_groups[0]["params"][0])
+        self._home = first.device
+        if self._seed is None:
+            self._seed = _draw_seed(first.device)
+        for group in self.param_groups:
+            group["seed"] = self._seed
+        self.skipped_steps = torch.zeros((), dtype=torch.int64, device=first.device)
+
+    # ---------------------------------------------------------------------------------
+    # param groups
+    # ---------------------------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        """The 64-bit base seed of the rounding streams."""
+        return self._seed
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
+        group = dict(param_group)
+        params = group.get("params")
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("param group 'params' must be an ordered collection (list or "
+                            "tuple), not a set: the order decides the rounding streams")
+        else:
+            params = list(params) if params is not None else []
+        group["params"] = params
+        for key, value in self.defaults.items():
+            group.setdefault(key, value)
+        index = len(self.param_groups)
+        validate_hyperparameters(group, where=f" (param group {index})")
+        own_seed = getattr(self, "_seed", None)
+        if "seed" in group and own_seed is not None and group["seed"] != own_seed:
+            raise ValueError(
+                f"seed (param group {index}) is {group['seed']!r} but the optimizer's seed is "
+                f"{own_seed}; the seed is optimizer-wide, drop 'seed' from the group")
+        offset = sum(len(g["params"]) for g in self.param_groups)
+        for j, p in enumerate(params):
+            check_param(p, f"parameter {offset + j} (param group {index}, index {j})")
+        if own_seed is not None:
+            group["seed"] = own_seed
+        super().add_param_group(group)
+        self._plan = None
+
+    # ---------------------------------------------------------------------------------
+    # state
+    # ---------------------------------------------------------------------------------
+    def _flat_index(self, gi: int, j: int) -> int:
+        return sum(len(g["params"]) for g in self.param_groups[:gi]) + j
+
+    def reset_p_init(self, params: Optional[Iterable[torch.Tensor]] = None) -> None:
+        """Take the current values of ``params`` (default: all parameters of bounded groups)
+        as their initial values p_init, the centre of the "abs"/"rel" bounds."""
+        wanted = None if params is None else {id(p) for p in params}
+        with torch.no_grad():
+            for group in self.param_groups:
+                if group["bound_mode"] == "none":
+                    continue
+                for p in group["params"]:
+                    if wanted is None or id(p) in wanted:
+                        self.state[p]["p_init"] = p.detach().clone(
+                            memory_format=torch.contiguous_format)
+        self._plan = None
+
+    def _init_state(self, p: torch.Tensor, group: Dict[str, Any]) -> None:
+        state = self.state[p]
+        local = local_tensor(p)
+        state["step"] = torch.zeros((), dtype=torch.int64, device=local.device)
+        zeros = dict(dtype=group["state_dtype"], memory_format=torch.contiguous_format)
+        state["exp_avg"] = torch.zeros_like(p, **zeros)
+        state["exp_avg_sq"] = torch.zeros_like(p, **zeros)
+        if group["bound_mode"] != "none":
+            state["p_init"] = p.detach().clone(memory_format=torch.contiguous_format)
+
+    def _check_state(self, p: torch.Tensor, group: Dict[str, Any], name: str) -> None:
+        state = self.state[p]
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            if key not in state:
+                raise ValueError(f"{name}: its state lacks {key!r} (a state dict from another "
+                                 f"optimizer?); load a LuminaMoon state dict")
+        step = state["step"]
+        local = local_tensor(p)
+        if (not isinstance(step, torch.Tensor) or step.dim() != 0 or step.dtype != torch.int64
+                or step.device != local.device):
+            raise ValueError(f"{name}: state 'step' must be a 0-dim int64 tensor on "
+                             f"{local.device}, got {step!r}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            check_state_tensor(p, state[key], key, group["state_dtype"], name)
+        if group["bound_mode"] != "none":
+            if "p_init" not in state:
+                raise ValueError(
+                    f"{name} has no 'p_init' in its state but bound_mode="
+                    f"{group['bound_mode']!r} needs its initial value (was the state saved "
+                    f"with bound_mode='none'?); call optimizer.reset_p_init() to take the "
+                    f"current values as initial values")
+            check_state_tensor(p, state["p_init"], "p_init", p.dtype, name)
+
+    # ---------------------------------------------------------------------------------
+    # planning
+    # ---------------------------------------------------------------------------------
+    def _signature(self) -> tuple:
+        parts = []
+        for group in self.param_groups:
+            parts.append(_plan_key(group))
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    parts.append(None)
+                else:
+                    parts.append((id(p), local_tensor(p).data_ptr(), g.dtype, g.layout,
+                                  g.device))
+        return tuple(parts)
+
+    def _build_plan(self, signature) -> _Plan:
+        # 1. Validate everything before touching any state.
+        for gi, group in enumerate(self.param_groups):
+            validate_hyperparameters(group, where=f" (param group {gi})")
+            for j, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                name = f"parameter {self._flat_index(gi, j)} (param group {gi}, index {j})"
+                check_param(p, name)
+                check_grad(p, p.grad, name)
+                shard_layout(p, name)
+                if p in self.state and len(self.state[p]) > 0:
+                    self._check_state(p, group, name)
+        # 2. Create missing state, build the launch groups, choose their backends; undo the
+        #    new state if a backend refuses.
+        created = []
+        try:
+            groups: List[LaunchGroup] = []
+            lr_sources: List[int] = []
+            sources: List[List[torch.Tensor]] = []
+            k = 0
+            for gi, group in enumerate(self.param_groups):
+                hyper = make_hyper(group)
+                buckets: Dict[tuple, Tuple[LaunchGroup, List[torch.Tensor]]] = {}
+                for p in group["params"]:
+                    index = k
+                    k += 1
+                    if p.grad is None:
+                        continue
+                    if p not in self.state or len(self.state[p]) == 0:
+                        self._init_state(p, group)
+                        created.append(p)
+                    state = self.state[p]
+                    offset, global_numel, shard_groups = shard_layout(p, "")
+                    local = local_tensor(p)
+                    key = (local.device, p.dtype, p.grad.dtype, shard_groups)
+                    entry = buckets.get(key)
+                    if entry is None:
+                        launch = LaunchGroup(
+                            device=local.device, param_dtype=p.dtype, grad_dtype=p.grad.dtype,
+                            state_dtype=group["state_dtype"], hyper=hyper, lr=group["lr"],
+                            seed=self._seed, params=[], grads=[], exp_avgs=[], exp_avg_sqs=[],
+                            p_inits=[] if hyper.bound_mode else None, steps=[],
+                            param_indices=[], elem_offsets=[], global_numels=[])
+                        if shard_groups:
+                            launch.cache[SHARD_CACHE_KEY] = shard_groups
+                        entry = (launch, [])
+                        buckets[key] = entry
+                    launch, owners = entry
+                    launch.params.append(local)
+                    launch.exp_avgs.append(local_tensor(state["exp_avg"]))
+                    launch.exp_avg_sqs.append(local_tensor(state["exp_avg_sq"]))
+                    if hyper.bound_mode:
+                        launch.p_inits.append(local_tensor(state["p_init"]))
+                    launch.steps.append(state["step"])
+                    launch.param_indices.append(index)
+                    launch.elem_offsets.append(offset)
+                    launch.global_numels.append(global_numel)
+                    owners.append(p)
+                for launch, owners in buckets.values():
+                    groups.append(launch)
+                    lr_sources.append(gi)
+                    sources.append(owners)
+            # Grads are filled per step; a backend may look at them to decide support.
+            for launch, owners in zip(groups, sources):
+                launch.grads = [local_tensor(p.grad) for p in owners]
+            backends = [select_backend(self._backend_choice, launch, aot_bundle=self._aot_bundle)
+                        for launch in groups]
+        except BaseException:
+            for p in created:
+                self.state.pop(p, None)
+            raise
+        return _Plan(signature, groups, backends, lr_sources, sources)
+
+    def _current_plan(self) -> _Plan:
+        signature = self._signature()
+        plan = self._plan
+        if plan is None or plan.signature != signature:
+            plan = self._build_plan(signature)
+            self._plan = plan
+        for launch, gi, owners in zip(plan.groups, plan.lr_sources, plan.grad_sources):
+            lr = self.param_groups[gi]["lr"]
+            if not isinstance(lr, torch.Tensor) and not (math.isfinite(lr) and lr >= 0):
+                raise ValueError(f"lr (param group {gi}) must be >= 0, got {lr!r}")
+            launch.lr = lr
+            launch.grads = [local_tensor(p.grad) for p in owners]
+        return plan
+
+    # ---------------------------------------------------------------------------------
+    # the step
+    # ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One TDCLM step for every parameter with a gradient. Returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        plan = self._current_plan()
+        if not plan.groups:
+            return loss
+        try:
+            run_launch_groups(plan.groups, plan.backends, flags=self._flags,
+                              scratch=self._scratch, skipped=self.skipped_steps,
+                              describe=self._describe_flat)
+        finally:
+            for launch in plan.groups:  # do not keep gradients alive between steps
+                launch.grads = []
+        return loss
+
+    def _describe_flat(self, k: int) -> str:
+        for gi, group in enumerate(self.param_groups):
+            if k < len(group["params"]):
+                return f"parameter {self._flat_index(gi, k)} (param group {gi}, index {k})"
+            k -= len(group["params"])
+        return f"parameter {k}"
+
+    # ---------------------------------------------------------------------------------
+    # state dict
+    # ---------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        state_dict = super().state_dict()
+        state_dict["skipped_steps"] = self.skipped_steps.detach().clone()
+        return state_dict
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Load a state dict; moments keep their state dtype and p_init its parameter dtype
+        (torch's default would cast floating state to the parameter dtype)."""
+        state_dict = dict(state_dict)
+        skipped = state_dict.pop("skipped_steps", None)
+        saved_groups = state_dict.get("param_groups", [])
+        seeds = {g["seed"] for g in saved_groups if "seed" in g}
+        if len(seeds) > 1:
+            raise ValueError(f"the state dict's param groups carry different seeds {seeds}; "
+                             f"a LuminaMoon state dict has one seed")
+        for seed in seeds:
+            validate_seed(seed)
+        saved_state = state_dict.get("state", {})
+        owners: Dict[Any, torch.Tensor] = {}
+        for gi, (saved_group, group) in enumerate(zip(saved_groups, self.param_groups)):
+            for j, (saved_id, p) in enumerate(zip(saved_group.get("params", []), group["params"])):
+                owners[saved_id] = p
+                for key in ("exp_avg", "exp_avg_sq", "p_init"):
+                    value = saved_state.get(saved_id, {}).get(key)
+                    if isinstance(value, torch.Tensor) and value.shape != p.shape:
+                        raise ValueError(
+                            f"the state dict's {key!r} for parameter {self._flat_index(gi, j)} "
+                            f"(param group {gi}, index {j}) has shape {tuple(value.shape)} but "
+                            f"the parameter has shape {tuple(p.shape)}: the state dict belongs "
+                            f"to another model or another parameter order")
+        super().load_state_dict(state_dict)
+        for gi, group in enumerate(self.param_groups):
+            validate_hyperparameters(group, where=f" (param group {gi}, loaded)")
+        seed = seeds.pop() if seeds else self._seed
+        self._seed = int(seed)
+        for group in self.param_groups:
+            group["seed"] = self._seed
+        groups_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        for saved_id, p in owners.items():
+            if saved_id not in saved_state:
+                continue
+            group = groups_of[id(p)]
+            state = self.state[p]
+            local = local_tensor(p)
+            for key, value in saved_state[saved_id].items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if key == "step":
+                    state[key] = local_tensor(value).detach().to(
+                        device=local.device, dtype=torch.int64, copy=True).reshape(())
+                    continue
+                if key in ("exp_avg", "exp_avg_sq"):
+                    dtype = group["state_dtype"]
+                elif key == "p_init":
+                    dtype = p.dtype
+                else:
+                    continue
+                if is_dtensor(value):
+                    state[key] = value.detach().to(dtype=dtype, copy=True)
+                else:
+                    state[key] = value.detach().to(device=local.device, dtype=dtype, copy=True)
+        if skipped is not None:
+            self.skipped_steps.copy_(torch.as_tensor(skipped).to(self.skipped_steps.device))
+        self._plan = None

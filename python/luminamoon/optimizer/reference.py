@@ -1,0 +1,188 @@
+"""The reference backend: TDCLM in plain PyTorch ops, one tensor at a time, on any device.
+
+It is the oracle the other backends are tested against, and the fallback wherever nothing
+faster runs. It follows docs/internals.md line by line; the numbered comments below carry the
+same wording as the kernels'. Nothing here synchronises with the host: the step count, the
+bias corrections, the rounding keys, the clip threshold and the skip decision stay on the
+device.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import rng
+from ._backend import Backend
+from ._plan import LaunchGroup
+
+# float32 constant of the "rel" bound: r = bound * sqrt(p0 * p0 + 1e-4).
+REL_BOUND_FLOOR = 1e-4
+
+
+def _bias_correction(beta: float, t: torch.Tensor) -> torch.Tensor:
+    """float32(1 - float64(beta) ** t) for the step tensor ``t``, on its device.
+
+    Devices without float64 (MPS) take the power on the CPU.
+    """
+    if t.device.type == "mps":
+        t = t.cpu()
+    power = torch.pow(torch.tensor(beta, dtype=torch.float64, device=t.device), t.to(torch.float64))
+    return (1.0 - power).to(torch.float32)
+
+
+def _lr_tensor(lr, device: torch.device) -> torch.Tensor:
+    """The learning rate as a float32 0-dim tensor on ``device`` (a tensor lr: no host sync)."""
+    if isinstance(lr, torch.Tensor):
+        return lr.detach().to(device=device, dtype=torch.float32)
+    return torch.tensor(float(lr), dtype=torch.float32, device=device)
+
+
+def _sr_dtype_active(group: LaunchGroup, dtype: torch.dtype) -> bool:
+    return group.hyper.stochastic_rounding and dtype == torch.bfloat16
+
+
+class _TensorStep:
+    """One tensor j of a launch group: the shared pass-1/pass-2 arithmetic."""
+
+    def __init__(self, group: LaunchGroup, j: int):
+        self.group = group
+        self.j = j
+        h = group.hyper
+        self.param = group.params[j]
+        self.grad = group.grads[j]
+        self.exp_avg = group.exp_avgs[j]
+        self.exp_avg_sq = group.exp_avg_sqs[j]
+        self.numel = self.param.numel()
+        self.t = group.steps[j] + 1  # the step being applied
+        self.k = group.param_indices[j]
+        self.offset = group.elem_offsets[j]
+        self.sign = -1.0 if h.maximize else 1.0
+        # Hyperparameters are float32 already (Hyper holds them rounded); 1 - beta in float32.
+        ones = torch.ones((), dtype=torch.float32)
+        self.one_minus_beta1 = float(ones - h.beta1)
+        self.one_minus_beta2 = float(ones - h.beta2)
+        self._key = None
+        self._index = None
+
+    # -- random words -------------------------------------------------------------------
+    def words(self, stream: int) -> torch.Tensor:
+        if self._key is None:
+            self._key = rng.rounding_seed_words(self.group.seed, self.t, self.k)
+            self._index = torch.arange(self.numel, dtype=torch.int64, device=self.param.device)
+            if self.offset:
+                self._index += self.offset
+        w0, _, _, _ = rng.philox4x32_10(self._key, self._index & rng.MASK32,
+                                        (self._index >> 32) & rng.MASK32, stream, 0)
+        return w0
+
+    def store_round(self, x: torch.Tensor, dtype: torch.dtype, stream: int) -> torch.Tensor:
+        words = self.words(stream) if _sr_dtype_active(self.group, dtype) else None
+        return rng.round_to_storage(x, dtype, words)
+
+    # -- steps 1-4 ----------------------------------------------------------------------
+    def moments_and_direction(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(m stored, v stored, u): steps 1-4, shared by pass 1 and pass 2."""
+        h = self.group.hyper
+        state_dtype = self.group.state_dtype
+        bc1 = _bias_correction(h.beta1, self.t)
+        bc2 = _bias_correction(h.beta2, self.t)
+        grad = self.grad.reshape(-1).to(torch.float32)
+        m = self.exp_avg.reshape(-1).to(torch.float32)
+        v = self.exp_avg_sq.reshape(-1).to(torch.float32)
+        # 1. gradient, sign applied
+        g = grad * self.sign
+        # 2. moments
+        m_new = m * h.beta1 + g * self.one_minus_beta1
+        v_new = v * h.beta2 + (g * g) * self.one_minus_beta2
+        # 3. round moments to their storage dtype (streams 1 and 2)
+        m_store = self.store_round(m_new, state_dtype, rng.STREAM_EXP_AVG)
+        v_store = self.store_round(v_new, state_dtype, rng.STREAM_EXP_AVG_SQ)
+        m_new = m_store.to(torch.float32)
+        v_new = v_store.to(torch.float32)
+        # 4. Adam direction
+        u = (m_new / bc1) / (torch.sqrt(v_new / bc2) + h.eps)
+        return m_store, v_store, u
+
+
+class ReferenceBackend(Backend):
+    """TDCLM with torch ops on any device and any floating-point parameter dtype."""
+
+    name = "reference"
+
+    def supports(self, group: LaunchGroup) -> bool:
+        return (group.param_dtype.is_floating_point and group.grad_dtype.is_floating_point
+                and group.state_dtype in (torch.float32, torch.bfloat16))
+
+    # -- pass 1 -------------------------------------------------------------------------
+    def pass1(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
+        need_sum = group.hyper.clip > 0
+        stats = torch.zeros(len(group), dtype=torch.float32, device=group.device)
+        bad_flags = []
+        for j in range(len(group)):
+            grad = group.grads[j]
+            if grad.numel() == 0:
+                continue
+            bad_flags.append(~torch.isfinite(grad).all())
+            if need_sum:
+                _, _, u = _TensorStep(group, j).moments_and_direction()
+                stats[j] = torch.sum(u * u, dtype=torch.float32)
+        group.stats = stats
+        if bad_flags:
+            bad = torch.stack(bad_flags).any().to(torch.int32)
+            torch.maximum(found_inf, bad, out=found_inf)
+
+    # -- pass 2 -------------------------------------------------------------------------
+    def pass2(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
+        h = group.hyper
+        check = h.nonfinite == "skip"
+        use_clip = h.clip > 0
+        if use_clip and group.stats is None:
+            raise RuntimeError("pass2 with clip > 0 needs the statistics of pass1; run pass1 first")
+        lr = _lr_tensor(group.lr, group.device)
+        decay = 1.0 - lr * h.weight_decay  # float32
+        skip = (found_inf != 0) if check else None
+        for j in range(len(group)):
+            param = group.params[j]
+            if param.numel() == 0:
+                continue
+            ts = _TensorStep(group, j)
+            m_store, v_store, u = ts.moments_and_direction()
+            # 5. soft clip (pass 2 only)
+            if use_clip:
+                tau = h.clip * torch.sqrt(group.stats[j] / float(group.global_numels[j]))
+                safe_tau = torch.where(tau == 0, torch.ones_like(tau), tau)
+                u = torch.where(tau == 0, torch.zeros_like(u), tau * torch.tanh(u / safe_tau))
+            # 6. decoupled decay and step
+            p = param.reshape(-1).to(torch.float32)
+            q = p * decay - lr * u
+            # 7. bound (modes 1, 2)
+            if h.bound_mode:
+                p0 = group.p_inits[j].reshape(-1).to(torch.float32)
+                if h.bound_mode == 1:
+                    r = torch.full_like(p0, h.bound)
+                else:
+                    r = h.bound * torch.sqrt(p0 * p0 + REL_BOUND_FLOOR)
+                q = torch.minimum(torch.maximum(q, p0 - r), p0 + r)
+            # 8. store p (stream 0), m, v, each rounded to its storage dtype
+            p_store = ts.store_round(q, group.param_dtype, rng.STREAM_PARAM)
+            _store(param, p_store, skip)
+            _store(group.exp_avgs[j], m_store, skip)
+            _store(group.exp_avg_sqs[j], v_store, skip)
+
+    # -- commit -------------------------------------------------------------------------
+    def commit(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
+        if group.hyper.nonfinite == "skip":
+            applied = (1 - found_inf).to(torch.int64)
+        else:
+            applied = 1
+        for step in group.steps:
+            step.add_(applied)
+
+
+def _store(dst: torch.Tensor, value: torch.Tensor, skip: Optional[torch.Tensor]) -> None:
+    """dst <- value (flat, already in dst's dtype); left bitwise as it was when ``skip``."""
+    value = value.view(dst.shape) if dst.is_contiguous() else value.reshape(dst.shape)
+    if skip is not None:
+        value = torch.where(skip, dst, value)
+    dst.copy_(value)
