@@ -17,6 +17,7 @@ _ELFCLASS64 = 2
 _ELFDATA2LSB = 1
 _EHDR = struct.Struct("<HHIQQQIHHHHHH")  # from offset 16
 _SHDR = struct.Struct("<IIQQQQIIQQ")
+_PHDR = struct.Struct("<IIQQQQQQ")
 EM_CUDA = 190
 
 # nvinfo attribute formats and the ids read here (from the CUDA ELF "EIATTR" list)
@@ -66,8 +67,8 @@ def parse_cubin(data: bytes) -> CubinInfo:
         raise CubinError(f"does not start with the ELF magic 7f 45 4c 46 (found {data[:4].hex(' ')})")
     if data[4] != _ELFCLASS64 or data[5] != _ELFDATA2LSB:
         raise CubinError(f"not a little-endian ELF64 file (class {data[4]}, data {data[5]})")
-    (_e_type, e_machine, _e_version, _e_entry, _e_phoff, e_shoff, e_flags, _e_ehsize,
-     _e_phentsize, _e_phnum, e_shentsize, e_shnum, e_shstrndx) = _EHDR.unpack_from(data, 16)
+    (_e_type, e_machine, _e_version, _e_entry, e_phoff, e_shoff, e_flags, _e_ehsize,
+     e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx) = _EHDR.unpack_from(data, 16)
     if e_machine != EM_CUDA:
         raise CubinError(f"ELF machine is {e_machine}, not CUDA ({EM_CUDA})")
     if e_shentsize != _SHDR.size or e_shnum == 0:
@@ -76,6 +77,19 @@ def parse_cubin(data: bytes) -> CubinInfo:
     if end > n:
         raise CubinError(f"the section header table ends at byte {end} but the file has {n}: "
                          "truncated")
+    if e_phnum:
+        if e_phentsize != _PHDR.size:
+            raise CubinError(f"bad program header table (entry size {e_phentsize})")
+        pend = e_phoff + e_phnum * e_phentsize
+        if pend > n:
+            raise CubinError(f"the program header table ends at byte {pend} but the file has "
+                             f"{n}: truncated")
+        for i in range(e_phnum):
+            _pt, _pf, p_offset, _va, _pa, p_filesz, _memsz, _al = _PHDR.unpack_from(
+                data, e_phoff + i * e_phentsize)
+            if p_offset + p_filesz > n:
+                raise CubinError(f"segment {i} ends at byte {p_offset + p_filesz} but the file "
+                                 f"has {n}: truncated")
     shdrs = [_SHDR.unpack_from(data, e_shoff + i * e_shentsize) for i in range(e_shnum)]
     for i, sh in enumerate(shdrs):
         sh_type, sh_offset, sh_size = sh[1], sh[4], sh[5]
