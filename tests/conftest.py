@@ -1,0 +1,99 @@
+"""Shared test data: shapes, dtypes, tolerances, and helpers.
+
+Every skip of the suite is decided here, with its reason.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+
+# Shapes that divide no block size (the spec's (6, 42, 123, 431) scaled down to keep CI fast),
+# plus an empty and a one-element tensor.
+ODD_SHAPES = [(6, 42), (123,), (431,), (2, 3, 5, 7), (1,), (0,), (0, 5)]
+SHAPE_IDS = ["x".join(map(str, s)) for s in ODD_SHAPES]
+
+DTYPE_IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+             torch.float64: "fp64"}
+
+# Tolerances per dtype, as (rtol, atol) on values of magnitude ~1, each with its reason.
+TOLERANCES = {
+    # float32 storage: two correct float32 computations of one formula differ by a few ulps.
+    torch.float32: (1e-6, 1e-6),
+    # bfloat16 storage: 8-bit mantissa, one ulp at 1.0 is 2**-7.
+    torch.bfloat16: (2**-7, 2**-7),
+    # float16 storage: 11-bit mantissa, one ulp at 1.0 is 2**-10.
+    torch.float16: (2**-10, 2**-10),
+}
+
+SKIP_NO_TRITON_REASON = "triton is not installed"
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+requires_triton = pytest.mark.skipif(not triton_available(), reason=SKIP_NO_TRITON_REASON)
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return DTYPE_IDS.get(dtype, str(dtype))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bit pattern of ``t`` as an integer tensor (bitwise comparisons, NaN-safe)."""
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.detach().contiguous().view(view)
+
+
+def assert_bitwise_equal(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
+    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
+    assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
+    diff = (bits(a) != bits(b))
+    assert not bool(diff.any()), f"{what}: {int(diff.sum())} of {a.numel()} elements differ"
+
+
+def normwise_rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max|a - e| / max|e| over the tensor (0 for empty tensors)."""
+    if expected.numel() == 0:
+        return 0.0
+    a = actual.detach().double()
+    e = expected.detach().double()
+    scale = e.abs().max().item()
+    return (a - e).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+@pytest.fixture
+def clean_device_cache():
+    """Empty the generator cache of optimizer._device around a test."""
+    from luminamoon.optimizer import _device
+
+    saved = dict(_device._GENERATORS)
+    _device._GENERATORS.clear()
+    yield _device
+    _device._GENERATORS.clear()
+    _device._GENERATORS.update(saved)
+
+
+@pytest.fixture
+def clean_backend_cache():
+    """Forget loaded and unavailable backends around a test."""
+    from luminamoon.optimizer import backends
+
+    saved = (dict(backends._INSTANCES), dict(backends._UNAVAILABLE))
+    backends._INSTANCES.clear()
+    backends._UNAVAILABLE.clear()
+    yield backends
+    backends._INSTANCES.clear()
+    backends._UNAVAILABLE.clear()
+    backends._INSTANCES.update(saved[0])
+    backends._UNAVAILABLE.update(saved[1])
