@@ -75,7 +75,7 @@ class Where {
     const json& v = field(obj, name, expected);
     if (v.is_number_unsigned()) {
       const auto u = v.get<std::uint64_t>();
-      if (u > static_cast<std::uint64_t>(hi)) fail(name, expected, describe(v));
+      if (u > static_cast<std::uint64_t>(hi) || static_cast<std::int64_t>(u) < lo) fail(name, expected, describe(v));
       return static_cast<std::int64_t>(u);
     }
     if (!v.is_number_integer()) fail(name, expected, describe(v));
