@@ -10,9 +10,9 @@ The cubin must be the kernel Triton's JIT would compile for the same arguments, 
 launching it from C++ computes exactly what the ``triton`` backend computes. The JIT
 specialises a pointer on 16-byte alignment and an integer scalar on its value (equal to 1 it
 becomes a constant and leaves the parameter list; divisible by 16 it is marked). The engine
-guarantees 16-byte aligned pointers (torch and ``cuMemAlloc`` allocations; every tensor the
-optimizer steps is a whole allocation or a 16-byte aligned view) and nothing about integer
-values. Hence:
+guarantees 16-byte aligned pointers (torch and ``cuMemAlloc`` allocations are; a view that
+starts inside a storage must not reach a bundle kernel) and nothing about integer values.
+Hence:
 
 * every pointer argument is compiled ``tt.divisibility 16``, exactly as the JIT does for an
   aligned pointer, except one the kernel declares ``do_not_specialize`` or
@@ -37,7 +37,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import compat
 from .manifest import (FORMAT, FORMAT_VERSION, KERNEL_NAMES, MANIFEST_NAME, atomic_write,
-                       validate_manifest, write_manifest)
+                       write_manifest)
 
 DEFAULT_ARCHS = (80, 90)
 
@@ -198,11 +198,12 @@ def _sha256(data: bytes) -> str:
 
 def _created_by() -> str:
     try:
-        from importlib.metadata import PackageNotFoundError, version
+        from importlib.metadata import version
 
         return f"luminamoon {version('luminamoon')}"
-    except Exception:  # not installed (run from a source checkout)
-        return "luminamoon (source checkout)"
+    except Exception:  # not installed: a source checkout on PYTHONPATH
+        pkg = sys.modules.get(__name__.split(".")[0])
+        return f"luminamoon {getattr(pkg, '__version__', 'unknown')}"
 
 
 def _check_archs(archs: Iterable[Any]) -> Tuple[int, ...]:
@@ -322,7 +323,6 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
         "triton_version": compat.triton_version(),
         "kernels": entries,
     }
-    validate_manifest(manifest, old_manifest)
     write_manifest(out_dir, manifest)
     if progress:
         print(f"wrote {len(entries)} cubin(s) for sm_{', sm_'.join(map(str, archs))} and "

@@ -31,7 +31,7 @@ import importlib
 import inspect
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 API_INDEX_KEYED = "index_keyed"  # Triton 3.0, 3.1
 API_NAME_KEYED = "name_keyed"  # Triton 3.2

@@ -12,7 +12,7 @@ import json
 import os
 import re
 import tempfile
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from . import compat
 from .cubin import CubinError, has_symbol, parse_cubin
