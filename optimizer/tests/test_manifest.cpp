@@ -332,6 +332,15 @@ TEST_F(ManifestTest, RefusesACubinThatIsNotElf) {
   expect_error([&] { AotManifest::load(dir_.path()); }, Status::kBundleError, {cubin_path(), "not an ELF file"});
 }
 
+TEST_F(ManifestTest, RefusesAnElfFileForAnotherMachine) {
+  std::vector<unsigned char> bytes = make_fake_cubin("host code");
+  bytes[0x12] = 62;  // EM_X86_64
+  bytes[0x13] = 0;
+  write_bytes(cubin_path(), bytes);
+  expect_error([&] { AotManifest::load(dir_.path()); }, Status::kBundleError,
+               {cubin_path(), "ELF file for machine 62, not a CUDA cubin"});
+}
+
 // Random byte flips, cuts and insertions in the manifest text: each either loads or is refused
 // as a bundle error; nothing else escapes and nothing crashes (run under ASan/UBSan too).
 TEST_F(ManifestTest, CorruptedManifestTextNeverCrashes) {

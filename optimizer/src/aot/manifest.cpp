@@ -140,6 +140,10 @@ void check_elf(const Where& where, const std::string& path, const std::vector<un
   if (size < 64) fail("is too short for an ELF header (64 bytes): truncated");
   if (!(b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F')) fail("is not an ELF file (no \\x7fELF magic)");
   if (b[4] != 2 || b[5] != 1) fail("is not a 64-bit little-endian ELF file");
+  const auto machine = read_le<std::uint16_t>(b, 0x12);
+  if (machine != 190 /* EM_CUDA */) {
+    fail("is an ELF file for machine " + std::to_string(machine) + ", not a CUDA cubin (EM_CUDA, 190)");
+  }
   const auto phoff = read_le<std::uint64_t>(b, 0x20);
   const auto shoff = read_le<std::uint64_t>(b, 0x28);
   const auto phentsize = read_le<std::uint16_t>(b, 0x36);
