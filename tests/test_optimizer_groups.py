@@ -1,0 +1,195 @@
+"""Param groups, launch-group planning and its cache, dtype mixes, backend choice, the
+package surface."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import assert_bitwise_equal, dtype_id
+from luminamoon import LuminaMoon, tdclm
+from luminamoon.optimizer.backends import get_backend
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HYPER = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05, clip=1.0,
+             bound_mode="rel", bound=0.5, maximize=False, nonfinite="skip",
+             stochastic_rounding=True)
+
+
+def _functional_alone(p0, grads, k, seed, state_dtype=torch.float32, **hyper):
+    """Step one tensor with the functional form as parameter k, over the given grads."""
+    p = p0.clone()
+    m = torch.zeros_like(p, dtype=state_dtype)
+    v = torch.zeros_like(p, dtype=state_dtype)
+    p_init = [p0.clone()] if hyper["bound_mode"] != "none" else None
+    step = torch.zeros((), dtype=torch.int64)
+    for g in grads:
+        tdclm([p], [g], [m], [v], p_init, [step], param_indices=[k], seed=seed, **hyper)
+    return p
+
+
+def test_mixed_dtypes_are_grouped_and_each_matches_alone():
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.bfloat16]
+    gen = torch.Generator().manual_seed(0)
+    inits = [torch.randn(37, 3, generator=gen).to(dt) for dt in dtypes]
+    grads = [[torch.randn(37, 3, generator=gen).to(dt) for _ in range(3)] for dt in dtypes]
+    params = [torch.nn.Parameter(t.clone()) for t in inits]
+    opt = LuminaMoon(params, seed=21, backend="reference", **HYPER)
+    for s in range(3):
+        for p, g in zip(params, grads):
+            p.grad = g[s]
+        opt.step()
+    # One launch group per (device, param dtype, grad dtype): fp32, bf16 (two tensors), fp16, fp64.
+    assert sorted(len(g) for g in opt._plan.groups) == [1, 1, 1, 2]
+    for k, (p, t, g) in enumerate(zip(params, inits, grads)):
+        alone = _functional_alone(t, g, k, 21, **HYPER)
+        assert_bitwise_equal(p.detach(), alone, f"param {k} {dtype_id(t.dtype)}")
+
+
+def test_param_index_counts_parameters_without_gradients():
+    gen = torch.Generator().manual_seed(1)
+    inits = [torch.randn(50, generator=gen).to(torch.bfloat16) for _ in range(3)]
+    params = [torch.nn.Parameter(t.clone()) for t in inits]
+    g = torch.randn(50, generator=gen).to(torch.bfloat16)
+    opt = LuminaMoon(params, seed=4, backend="reference", **HYPER)
+    params[0].grad, params[2].grad = g.clone(), g.clone()
+    opt.step()
+    assert params[1] not in opt.state  # no grad: no state
+    assert torch.equal(params[1].detach(), inits[1])
+    assert_bitwise_equal(params[2].detach(), _functional_alone(inits[2], [g], 2, 4, **HYPER))
+
+
+def test_groups_with_their_own_hyperparameters_match_functional_calls():
+    gen = torch.Generator().manual_seed(2)
+    inits = [torch.randn(64, generator=gen) for _ in range(3)]
+    grads = [[torch.randn(64, generator=gen) for _ in range(4)] for _ in range(3)]
+    params = [torch.nn.Parameter(t.clone()) for t in inits]
+    overrides = [dict(), dict(lr=3e-2, clip=0.0, bound_mode="none"),
+                 dict(betas=(0.5, 0.9), maximize=True, bound_mode="abs", bound=0.01,
+                      state_dtype=torch.bfloat16)]
+    opt = LuminaMoon([{"params": [p], **o} for p, o in zip(params, overrides)], seed=8,
+                     backend="reference", **HYPER)
+    for g in opt.param_groups:
+        assert set(HYPER) <= set(g) and "state_dtype" in g and g["seed"] == 8
+    for s in range(4):
+        for p, g in zip(params, grads):
+            p.grad = g[s]
+        opt.step()
+    for k, (p, t, g, o) in enumerate(zip(params, inits, grads, overrides)):
+        hyper = {**HYPER, **{key: v for key, v in o.items() if key != "state_dtype"}}
+        alone = _functional_alone(t, g, k, 8, state_dtype=o.get("state_dtype", torch.float32),
+                                  **hyper)
+        assert_bitwise_equal(p.detach(), alone, f"group {k}")
+
+
+def test_plan_is_cached_and_rebuilt_on_change():
+    a = torch.nn.Parameter(torch.ones(4))
+    b = torch.nn.Parameter(torch.ones(4))
+    opt = LuminaMoon([a, b], backend="reference")
+    a.grad = torch.ones(4)
+    opt.step()
+    plan = opt._plan
+    assert [len(g) for g in plan.groups] == [1]
+    assert plan.groups[0].grads == []  # gradients are not kept alive between steps
+    a.grad = torch.ones(4)
+    opt.param_groups[0]["lr"] = 5e-3  # lr: not part of the plan
+    opt.step()
+    assert opt._plan is plan and plan.groups[0].lr == 5e-3
+    b.grad = torch.ones(4)  # another parameter with a gradient: rebuild
+    a.grad = torch.ones(4)
+    opt.step()
+    assert opt._plan is not plan and [len(g) for g in opt._plan.groups] == [2]
+    plan = opt._plan
+    opt.param_groups[0]["clip"] = 0.0  # a hyperparameter: rebuild
+    a.grad, b.grad = torch.ones(4), torch.ones(4)
+    opt.step()
+    assert opt._plan is not plan and opt._plan.groups[0].hyper.clip == 0.0
+    plan = opt._plan
+    a.data = torch.zeros(4)  # the storage moved: rebuild
+    a.grad, b.grad = torch.ones(4), torch.ones(4)
+    opt.step()
+    assert opt._plan is not plan
+    assert int(opt.state[a]["step"]) == 5 and int(opt.state[b]["step"]) == 3
+
+
+def test_zero_grad_and_closure():
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = LuminaMoon([p], backend="reference")
+
+    def closure():
+        opt.zero_grad()
+        loss = (p * p).sum()
+        loss.backward()
+        return loss
+
+    losses = [float(opt.step(closure).detach()) for _ in range(3)]
+    assert losses[0] == 3.0 and losses[-1] < losses[0]
+    opt.zero_grad()
+    assert p.grad is None
+    before = p.detach().clone()
+    opt.step()  # nothing has a gradient: nothing changes
+    assert torch.equal(p.detach(), before)
+
+
+def test_float64_parameters_on_the_reference_backend():
+    p = torch.nn.Parameter(torch.ones(5, dtype=torch.float64))
+    p.grad = torch.ones(5, dtype=torch.float64)
+    opt = LuminaMoon([p], backend="reference", clip=0.0)
+    opt.step()
+    assert p.dtype == torch.float64 and bool((p.detach() < 1).all())
+    assert opt.state[p]["exp_avg"].dtype == torch.float32
+
+
+def test_non_contiguous_parameter():
+    base = torch.randn(6, 8, generator=torch.Generator().manual_seed(3))
+    p = torch.nn.Parameter(base.t())  # a transposed view: strides (1, 8)
+    q = torch.nn.Parameter(base.t().contiguous())
+    g = torch.randn(8, 6, generator=torch.Generator().manual_seed(4))
+    for x in (p, q):
+        x.grad = g.clone()
+        LuminaMoon([x], seed=1, backend="reference", **HYPER).step()
+    assert torch.equal(p.detach(), q.detach())
+
+
+@pytest.mark.parametrize("device,expected", [("mps", "reference"), ("meta", "reference")])
+def test_auto_backend_on_other_devices(device, expected):
+    assert get_backend("auto", device).name == expected
+
+
+def test_auto_backend_on_cpu_prefers_native():
+    name = get_backend("auto", "cpu").name
+    try:
+        import luminamoon._luminav  # noqa: F401
+        native = True
+    except ImportError:
+        native = False
+    assert name == ("cpu" if native else "reference")
+    assert get_backend("reference", "cpu") is get_backend("reference", "cpu")
+
+
+def test_public_surface():
+    import luminamoon
+    import luminamoon.optimizer as opt_pkg
+
+    assert luminamoon.__all__ == ["LuminaMoon", "tdclm", "__version__"]
+    assert luminamoon.__version__ == "0.1.0"
+    assert set(opt_pkg.__all__) == {"LuminaMoon", "tdclm"}
+    assert issubclass(LuminaMoon, torch.optim.Optimizer)
+
+
+def test_import_does_nothing_but_define():
+    code = (
+        "import sys, torch\n"
+        "import luminamoon\n"
+        "loaded = [m for m in ('triton', 'luminamoon._luminav', 'luminamoon.optimizer.gpu_backend',"
+        " 'luminamoon.optimizer.native') if m in sys.modules]\n"
+        "print(loaded, torch.cuda.is_initialized())\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] False"
