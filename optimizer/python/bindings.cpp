@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine/gpu_launch.h"
 #include "engine/thread_pool.h"
 #include "luminav/aot.h"
 #include "luminav/cuda_driver.h"
@@ -145,6 +146,34 @@ class CpuGroup {
   std::shared_ptr<luminav::cpu::ThreadPool> pool_;
 };
 
+// A launch group of the "aot" backend: its kernels loaded from a bundle on one device. The
+// Python side owns the device tables and buffers (torch tensors) and passes their addresses.
+class AotGroup {
+ public:
+  AotGroup(const std::string& bundle_dir, int device, GroupConfig cfg)
+      : kernels_(luminav::gpu::runtime_for_bundle(bundle_dir), device, cfg) {}
+  using P = std::uintptr_t;
+  void pass1(P table, P block_map, std::int64_t nblocks, P partial_sum, P partial_bad, P stream) {
+    nb::gil_scoped_release release;
+    kernels_.pass1(table, block_map, nblocks, partial_sum, partial_bad, reinterpret_cast<luminav::CUstream>(stream));
+  }
+  void reduce(P table, P partial_sum, P partial_bad, P stats, P found_inf, std::int32_t ntensors, P stream) {
+    nb::gil_scoped_release release;
+    kernels_.reduce(table, partial_sum, partial_bad, stats, found_inf, ntensors, reinterpret_cast<luminav::CUstream>(stream));
+  }
+  void update(P table, P block_map, std::int64_t nblocks, P stats, P found_inf, P lr, P stream) {
+    nb::gil_scoped_release release;
+    kernels_.update(table, block_map, nblocks, stats, found_inf, lr, reinterpret_cast<luminav::CUstream>(stream));
+  }
+  void commit(P table, P found_inf, std::int32_t ntensors, P stream) {
+    nb::gil_scoped_release release;
+    kernels_.commit(table, found_inf, ntensors, reinterpret_cast<luminav::CUstream>(stream));
+  }
+
+ private:
+  luminav::gpu::GroupKernels kernels_;
+};
+
 nb::dict kernel_dict(const luminav::KernelMetadata& k) {
   nb::dict d;
   d["key"] = k.key;
@@ -247,5 +276,40 @@ NB_MODULE(_luminav, m) {
       .def("first_nonfinite", &CpuGroup::first_nonfinite)
       .def("__len__", &CpuGroup::size)
       .def_prop_ro("num_threads", &CpuGroup::num_threads);
+
+  m.def("variant_keys", [](int param_dtype, int grad_dtype, int state_dtype, double clip, int bound_mode,
+                           int nonfinite, bool stochastic_rounding) {
+    GroupConfig cfg = make_config(param_dtype, grad_dtype, state_dtype, 0.9, 0.999, 1e-8, 0.0, clip, bound_mode, 1.0,
+                                  false, nonfinite, stochastic_rounding, 0);
+    const luminav::gpu::VariantKeys k = luminav::gpu::variant_keys(cfg);
+    nb::dict d;
+    if (!k.pass1.empty()) d["pass1"] = k.pass1;
+    if (!k.reduce.empty()) d["reduce"] = k.reduce;
+    if (!k.pass2.empty()) d["pass2"] = k.pass2;
+    if (!k.single_pass.empty()) d["single_pass"] = k.single_pass;
+    d["commit"] = k.commit;
+    return d;
+  }, "param_dtype"_a, "grad_dtype"_a, "state_dtype"_a, "clip"_a, "bound_mode"_a, "nonfinite"_a,
+     "stochastic_rounding"_a, "The AOT variant keys the engine launches for one launch group.");
+  m.attr("GPU_BLOCK") = luminav::gpu::kBlock;
+
+  nb::class_<AotGroup>(m, "AotGroup", "A launch group's AOT kernels loaded on one CUDA device.")
+      .def("__init__", [](AotGroup* self, const std::string& bundle_dir, int device, int param_dtype, int grad_dtype,
+                          int state_dtype, double beta1, double beta2, double eps, double weight_decay, double clip,
+                          int bound_mode, double bound, bool maximize, int nonfinite, bool stochastic_rounding,
+                          std::uint64_t seed) {
+             new (self) AotGroup(bundle_dir, device,
+                                 make_config(param_dtype, grad_dtype, state_dtype, beta1, beta2, eps, weight_decay, clip,
+                                             bound_mode, bound, maximize, nonfinite, stochastic_rounding, seed));
+           },
+           "bundle_dir"_a, "device"_a, "param_dtype"_a, "grad_dtype"_a, "state_dtype"_a, "beta1"_a, "beta2"_a, "eps"_a,
+           "weight_decay"_a, "clip"_a, "bound_mode"_a, "bound"_a, "maximize"_a, "nonfinite"_a, "stochastic_rounding"_a,
+           "seed"_a)
+      .def("pass1", &AotGroup::pass1, "table"_a, "block_map"_a, "nblocks"_a, "partial_sum"_a, "partial_bad"_a, "stream"_a)
+      .def("reduce", &AotGroup::reduce, "table"_a, "partial_sum"_a, "partial_bad"_a, "stats"_a, "found_inf"_a,
+           "ntensors"_a, "stream"_a)
+      .def("update", &AotGroup::update, "table"_a, "block_map"_a, "nblocks"_a, "stats"_a, "found_inf"_a, "lr"_a,
+           "stream"_a)
+      .def("commit", &AotGroup::commit, "table"_a, "found_inf"_a, "ntensors"_a, "stream"_a);
 
 }

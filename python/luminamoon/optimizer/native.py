@@ -1,0 +1,272 @@
+"""The native engine's backends: ``cpu`` (the C++ engine's own passes on CPU threads) and
+``aot`` (the Triton kernels compiled ahead of time, launched by the C++ runtime on CUDA).
+
+Both implement :class:`~luminamoon.optimizer._backend.Backend` on a
+:class:`~luminamoon.optimizer._plan.LaunchGroup`, handing the tensors' addresses
+(``data_ptr()``) to ``luminamoon._luminav``. Importing this module imports the compiled module
+and nothing else happens: no device probing, no bundle loading (that waits for the first group).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ._backend import Backend
+from ._plan import BOUND_MODES, DTYPE_CODES, LaunchGroup, NONFINITE_POLICIES
+
+try:
+    from .. import _luminav
+except ImportError as exc:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "the native module luminamoon._luminav is not built: "
+        f"{exc}; build it with `pip install .` (or `make dev` and PYTHONPATH=python)") from exc
+
+__all__ = ["CpuBackend", "AotBackend"]
+
+_NONFINITE_CODES = {name: i for i, name in enumerate(NONFINITE_POLICIES)}  # skip 0, raise 1, propagate 2
+_CPU_CACHE = "cpu"
+_AOT_CACHE = "aot"
+
+
+def _check_policy_codes() -> None:
+    # The C++ engine's NonFinite enum: skip 0, raise 1, propagate 2.
+    assert _NONFINITE_CODES == {"skip": 0, "raise": 1, "propagate": 2}, _NONFINITE_CODES
+
+
+_check_policy_codes()
+
+
+def _dtype_codes(group: LaunchGroup) -> Tuple[int, int, int]:
+    return (DTYPE_CODES[group.param_dtype], DTYPE_CODES[group.grad_dtype],
+            DTYPE_CODES[group.state_dtype])
+
+
+def _hyper_args(group: LaunchGroup) -> Dict[str, Any]:
+    h = group.hyper
+    p, g, s = _dtype_codes(group)
+    return dict(param_dtype=p, grad_dtype=g, state_dtype=s, beta1=float(h.beta1),
+                beta2=float(h.beta2), eps=float(h.eps), weight_decay=float(h.weight_decay),
+                clip=float(h.clip), bound_mode=int(h.bound_mode), bound=float(h.bound),
+                maximize=bool(h.maximize), nonfinite=_NONFINITE_CODES[h.nonfinite],
+                stochastic_rounding=bool(h.stochastic_rounding), seed=int(group.seed))
+
+
+def _rows(group: LaunchGroup) -> List[tuple]:
+    """The table rows of docs/internals.md (without BLOCK_START) as ints."""
+    rows = []
+    bounded = group.hyper.bound_mode != 0
+    for j in range(len(group)):
+        p = group.params[j]
+        rows.append((p.data_ptr(), group.grads[j].data_ptr(), group.exp_avgs[j].data_ptr(),
+                     group.exp_avg_sqs[j].data_ptr(),
+                     group.p_inits[j].data_ptr() if bounded and group.p_inits is not None else 0,
+                     group.steps[j].data_ptr(), p.numel(), int(group.elem_offsets[j]),
+                     int(group.param_indices[j]), int(group.global_numels[j])))
+    return rows
+
+
+def _cache_key(group: LaunchGroup, rows: List[tuple]) -> tuple:
+    return (tuple(rows), int(group.seed), group.hyper)
+
+
+def _check_tensors(group: LaunchGroup, backend: str) -> None:
+    lists = [("param", group.params), ("grad", group.grads), ("exp_avg", group.exp_avgs),
+             ("exp_avg_sq", group.exp_avg_sqs)]
+    if group.hyper.bound_mode != 0:
+        if group.p_inits is None:
+            raise ValueError(f"{backend} backend: bound_mode is not 'none' but the group has no p_init")
+        lists.append(("p_init", group.p_inits))
+    for name, tensors in lists:
+        for j, t in enumerate(tensors):
+            if not t.is_contiguous():
+                raise ValueError(f"{backend} backend: {name} {j} of the group is not contiguous; "
+                                 "call .contiguous() on it (the kernels read flat storage)")
+            if t.numel() != group.params[j].numel():
+                raise ValueError(f"{backend} backend: {name} {j} has {t.numel()} elements, its "
+                                 f"parameter {group.params[j].numel()}")
+    for j, s in enumerate(group.steps):
+        if s.dtype != torch.int64 or s.numel() != 1:
+            raise ValueError(f"{backend} backend: step counter {j} must be a 0-dim int64 tensor, "
+                             f"got {s.dtype} of {s.numel()} elements")
+
+
+def _lr_value(lr) -> float:
+    if isinstance(lr, torch.Tensor):
+        return float(lr.item())  # a CPU tensor: no device synchronisation
+    return float(lr)
+
+
+class CpuBackend(Backend):
+    """TDCLM on CPU tensors by the C++ engine: multi-threaded, vectorised, deterministic."""
+
+    name = "cpu"
+
+    def __init__(self, num_threads: int = 0):
+        if num_threads < 0:
+            raise ValueError(f"num_threads must be >= 0 (0 = one per hardware thread), got {num_threads}")
+        self.num_threads = int(num_threads)
+
+    def supports(self, group: LaunchGroup) -> bool:
+        return (group.device.type == "cpu" and group.param_dtype in DTYPE_CODES
+                and group.grad_dtype in DTYPE_CODES
+                and group.state_dtype in (torch.float32, torch.bfloat16))
+
+    def _native(self, group: LaunchGroup):
+        if not self.supports(group):
+            raise ValueError(
+                f"cpu backend: group on {group.device} with param {group.param_dtype}, grad "
+                f"{group.grad_dtype}, state {group.state_dtype} is not supported; it needs CPU "
+                "tensors of float32/bfloat16/float16 and float32/bfloat16 states")
+        rows = _rows(group)
+        key = _cache_key(group, rows)
+        cached = group.cache.get(_CPU_CACHE)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        _check_tensors(group, "cpu")
+        native = _luminav.CpuGroup(rows=rows, num_threads=self.num_threads, **_hyper_args(group))
+        group.cache[_CPU_CACHE] = (key, native)
+        return native
+
+    def pass1(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
+        native = self._native(group)
+        _check_flag(found_inf, "cpu")
+        stats = torch.zeros(len(group), dtype=torch.float32)
+        native.pass1(stats.data_ptr(), found_inf.data_ptr())
+        group.stats = stats
+
+    def pass2(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
+        native = self._native(group)
+        _check_flag(found_inf, "cpu")
+        stats = group.stats
+        if group.hyper.clip > 0:
+            if stats is None:
+                raise RuntimeError("pass2 with clip > 0 needs the statistics of pass1; run pass1 first")
+            stats = stats.to(torch.float32).contiguous()
+        native.pass2(_lr_value(group.lr), stats.data_ptr() if stats is not None else 0,
+                     found_inf.data_ptr())
+
+    def commit(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
+        native = self._native(group)
+        _check_flag(found_inf, "cpu")
+        native.commit(found_inf.data_ptr())
+
+
+def _check_flag(found_inf: torch.Tensor, backend: str) -> None:
+    if found_inf.dtype != torch.int32 or found_inf.numel() != 1:
+        raise ValueError(f"{backend} backend: found_inf must be a 0-dim int32 tensor, got "
+                         f"{found_inf.dtype} of {found_inf.numel()} elements")
+
+
+class _AotState:
+    """Device tables and buffers of one launch group (docs/internals.md), built once per table."""
+
+    def __init__(self, backend: "AotBackend", group: LaunchGroup, rows: List[tuple]):
+        device = group.device
+        block = _luminav.GPU_BLOCK
+        nblocks_per = [(r[6] + block - 1) // block for r in rows]
+        starts, acc = [], 0
+        for nb in nblocks_per:
+            starts.append(acc)
+            acc += nb
+        self.nblocks = acc
+        host = torch.zeros((len(rows), 12), dtype=torch.int64)
+        for j, r in enumerate(rows):
+            param, grad, m, v, p0, step, numel, off, k, gnumel = r
+            host[j] = torch.tensor([_signed64(param), _signed64(grad), _signed64(m), _signed64(v),
+                                    _signed64(p0), _signed64(step), numel, starts[j], off, k,
+                                    gnumel, 0], dtype=torch.int64)
+        self.table = host.to(device)
+        self.block_map = torch.repeat_interleave(
+            torch.arange(len(rows), dtype=torch.int32),
+            torch.tensor(nblocks_per, dtype=torch.int64)).to(device)
+        n = max(self.nblocks, 1)
+        self.partial_sum = torch.zeros(n, dtype=torch.float32, device=device)
+        self.partial_bad = torch.zeros(n, dtype=torch.int32, device=device)
+        self.stats = torch.zeros(max(len(rows), 1), dtype=torch.float32, device=device)
+        self.lr = torch.zeros((), dtype=torch.float32, device=device)
+        self.lr_value: Optional[float] = None
+        self.kernels = _luminav.AotGroup(bundle_dir=backend.bundle_dir,
+                                         device=device.index if device.index is not None
+                                         else torch.cuda.current_device(),
+                                         **_hyper_args(group))
+
+    def lr_ptr(self, lr) -> int:
+        if isinstance(lr, torch.Tensor):
+            if lr.device != self.lr.device or lr.dtype != torch.float32 or lr.numel() != 1:
+                self.lr.copy_(lr.reshape(()).to(torch.float32), non_blocking=True)
+                self.lr_value = None
+                return self.lr.data_ptr()
+            return lr.data_ptr()
+        lr = float(lr)
+        if lr != self.lr_value:
+            self.lr.fill_(lr)  # a device write on the stream, no host synchronisation
+            self.lr_value = lr
+        return self.lr.data_ptr()
+
+
+def _signed64(x: int) -> int:
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+class AotBackend(Backend):
+    """The Triton kernels of an AOT bundle (``luminamoon aot build``), launched by the C++
+    runtime on the current CUDA stream; bitwise equal to the ``triton`` backend."""
+
+    name = "aot"
+
+    def __init__(self, bundle_dir):
+        self.bundle_dir = os.path.abspath(os.fspath(bundle_dir))
+        manifest = os.path.join(self.bundle_dir, "manifest.json")
+        if not os.path.isfile(manifest):
+            raise FileNotFoundError(
+                f"aot backend: {manifest} does not exist; build a bundle with "
+                "`luminamoon aot build --arch <major><minor> --out DIR` and pass aot_bundle=DIR")
+
+    def supports(self, group: LaunchGroup) -> bool:
+        return (group.device.type == "cuda" and group.param_dtype in DTYPE_CODES
+                and group.grad_dtype in DTYPE_CODES
+                and group.state_dtype in (torch.float32, torch.bfloat16)
+                and _luminav.has_cuda_driver())
+
+    def _state(self, group: LaunchGroup) -> _AotState:
+        if group.device.type != "cuda":
+            raise ValueError(f"aot backend: the group is on {group.device}; it runs CUDA tensors only")
+        rows = _rows(group)
+        key = _cache_key(group, rows)
+        cached = group.cache.get(_AOT_CACHE)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        _check_tensors(group, "aot")
+        state = _AotState(self, group, rows)
+        group.cache[_AOT_CACHE] = (key, state)
+        return state
+
+    @staticmethod
+    def _stream(group: LaunchGroup) -> int:
+        return torch.cuda.current_stream(group.device).cuda_stream
+
+    def pass1(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
+        st = self._state(group)
+        stream = self._stream(group)
+        st.kernels.pass1(st.table.data_ptr(), st.block_map.data_ptr(), st.nblocks,
+                         st.partial_sum.data_ptr(), st.partial_bad.data_ptr(), stream)
+        st.kernels.reduce(st.table.data_ptr(), st.partial_sum.data_ptr(), st.partial_bad.data_ptr(),
+                          st.stats.data_ptr(), found_inf.data_ptr(), len(group), stream)
+        group.stats = st.stats[:len(group)]
+
+    def pass2(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
+        st = self._state(group)
+        stats = group.stats if group.hyper.clip > 0 else None
+        if group.hyper.clip > 0 and stats is None:
+            raise RuntimeError("pass2 with clip > 0 needs the statistics of pass1; run pass1 first")
+        if stats is not None and stats.data_ptr() != st.stats.data_ptr():
+            st.stats[:len(group)].copy_(stats)  # statistics all-reduced elsewhere (sharding)
+        st.kernels.update(st.table.data_ptr(), st.block_map.data_ptr(), st.nblocks,
+                          st.stats.data_ptr(), found_inf.data_ptr(), st.lr_ptr(group.lr),
+                          self._stream(group))
+
+    def commit(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
+        st = self._state(group)
+        st.kernels.commit(st.table.data_ptr(), found_inf.data_ptr(), len(group), self._stream(group))

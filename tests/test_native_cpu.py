@@ -1,0 +1,227 @@
+"""The C++ CPU engine (backend "cpu") against the reference backend, its random words against
+luminamoon.optimizer.rng, determinism across thread counts, and checkpoint/resume."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import ODD_SHAPES, SHAPE_IDS, TOLERANCES, dtype_id
+
+_luminav = pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+
+from luminamoon.optimizer import LuminaMoon  # noqa: E402
+from luminamoon.optimizer import rng  # noqa: E402
+from luminamoon.optimizer._plan import DTYPE_CODES, Hyper, LaunchGroup  # noqa: E402
+from luminamoon.optimizer.native import CpuBackend  # noqa: E402
+
+pytestmark = pytest.mark.native
+
+# (param dtype, state dtype): the storage combos of the spec's matrix (grads share the param dtype).
+COMBOS = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+          (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)]
+COMBO_IDS = [f"p{dtype_id(p)}-s{dtype_id(s)}" for p, s in COMBOS]
+
+CASES = [
+    dict(clip=0.0, bound_mode="none", maximize=False, nonfinite="propagate"),  # AdamW
+    dict(clip=4.0, bound_mode="none", maximize=False, nonfinite="skip"),
+    dict(clip=0.5, bound_mode="abs", bound=0.01, maximize=True, nonfinite="skip"),
+    dict(clip=1.0, bound_mode="rel", bound=0.02, maximize=False, nonfinite="raise"),
+    dict(clip=0.0, bound_mode="rel", bound=0.05, maximize=False, nonfinite="skip"),
+]
+CASE_IDS = ["adamw", "clip", "clip-abs-max", "clip-rel-raise", "rel-skip"]
+
+
+def _make_params(shapes, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+
+
+def _run(backend, params, grads_per_step, case, state_dtype, seed=1234):
+    params = [p.clone().requires_grad_() for p in params]
+    opt = LuminaMoon(params, lr=3e-2, weight_decay=0.1, state_dtype=state_dtype, seed=seed,
+                     backend=backend, **case)
+    for grads in grads_per_step:
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in params], opt
+
+
+def _compare(ours, ref, dtype, min_equal):
+    """Within the dtype's tolerance, and at least `min_equal` of the elements bitwise equal."""
+    for a, b in zip(ours, ref):
+        rtol, atol = TOLERANCES[dtype]
+        torch.testing.assert_close(a.float(), b.float(), rtol=rtol, atol=atol, equal_nan=True)
+        if a.numel() >= 64:
+            same = (a.view(-1).float() == b.view(-1).float()).float().mean().item()
+            assert same >= min_equal, f"only {same:.4f} of the elements are bitwise equal"
+
+
+# Stored bits may differ only where q sits within a few float32 ulps of a rounding edge of the
+# storage dtype. With clip == 0 the engine computes the spec's float32 operations exactly (see
+# test_engine_cpu.cpp, AdamWModeIsBitwiseTheScalarSpec); torch's elementwise kernels differ from
+# that in about 1 element in 1000 by one float32 ulp (measured: 2 of 3000 at the second step).
+EQUAL_NO_CLIP = 0.995
+# With clip > 0, S is summed in another order, so tau (hence every clipped u) moves by ulps.
+EQUAL_CLIP = 0.9
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("combo", COMBOS, ids=COMBO_IDS)
+def test_cpu_engine_matches_reference(combo, case):
+    pdtype, sdtype = combo
+    shapes = [s for s in ODD_SHAPES] + [(3000,), (64, 65)]
+    params = _make_params(shapes, pdtype, 0)
+    gen = torch.Generator().manual_seed(1)
+    steps = [[torch.randn(s, generator=gen).to(pdtype) for s in shapes] for _ in range(3)]
+    ours, opt = _run("cpu", params, steps, case, sdtype)
+    ref, ref_opt = _run("reference", params, steps, case, sdtype)
+    # With clip == 0 every operation is a correctly rounded float32 one in the same order: the
+    # same bits. With clip > 0, S is summed in another order, so tau differs by float32 ulps.
+    min_equal = EQUAL_NO_CLIP if case["clip"] == 0.0 else EQUAL_CLIP
+    if case["clip"] > 0 and pdtype == torch.float32:
+        min_equal = 0.0  # float32 storage keeps every ulp of tau's difference: the tolerance decides
+    _compare(ours, ref, pdtype, min_equal)
+    for p, q in zip(opt.param_groups[0]["params"], ref_opt.param_groups[0]["params"]):
+        st, rst = opt.state[p], ref_opt.state[q]
+        assert int(st["step"]) == int(rst["step"]) == 3
+        _compare([st["exp_avg"]], [rst["exp_avg"]], sdtype, min_equal)
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=SHAPE_IDS)
+def test_many_tensors_and_odd_shapes_in_one_group(shape):
+    shapes = [shape] * 5 + [(2049,), (1,)] * 20
+    params = _make_params(shapes, torch.bfloat16, 2)
+    gen = torch.Generator().manual_seed(3)
+    steps = [[torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes] for _ in range(2)]
+    case = dict(clip=0.0, bound_mode="abs", bound=0.5, nonfinite="skip")
+    ours, _ = _run("cpu", params, steps, case, torch.bfloat16)
+    ref, _ = _run("reference", params, steps, case, torch.bfloat16)
+    _compare(ours, ref, torch.bfloat16, EQUAL_NO_CLIP)
+
+
+def test_nonfinite_gradient_skips_the_step_and_counts_it():
+    params = _make_params([(100,), (7, 3)], torch.float32, 4)
+    grads = [torch.ones(100), torch.ones(7, 3)]
+    ps = [p.clone().requires_grad_() for p in params]
+    opt = LuminaMoon(ps, lr=1e-2, backend="cpu", nonfinite="skip")
+    for p, g in zip(ps, grads):
+        p.grad = g.clone()
+    opt.step()
+    before = [p.detach().clone() for p in ps]
+    ps[1].grad[2, 1] = float("nan")
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, ps))
+    assert int(opt.skipped_steps) == 1
+    assert int(opt.state[ps[0]]["step"]) == 1
+
+
+def test_random_words_equal_the_reference_rng():
+    seed = 0xDEADBEEF12345678
+    index = torch.cat([torch.arange(0, 3000), torch.arange(2**32 - 5, 2**32 + 5),
+                       torch.tensor([2**40 + 17])]).to(torch.int64)
+    for t, k, stream in itertools.product((1, 7), (0, 3), (0, 1, 2)):
+        ref = rng.random_words(seed, t, k, index, stream)
+        key = _luminav.stream_key(seed, t, k)
+        assert key == rng.rounding_seed(seed, t, k)
+        ours = torch.empty(index.numel(), dtype=torch.int32)
+        # contiguous runs of indices, as the engine draws them
+        for lo, hi in ((0, 3000), (3000, 3010), (3010, 3011)):
+            _luminav.random_words(ours[lo:].data_ptr(), key, int(index[lo]), hi - lo, stream)
+        assert torch.equal(ours.to(torch.int64) & 0xFFFFFFFF, ref), (t, k, stream)
+
+
+def test_stochastic_rounding_uses_the_reference_streams_bitwise():
+    # clip == 0: no reduction order involved; the same words round the same float32 values.
+    params = _make_params([(5000,)], torch.bfloat16, 5)
+    gen = torch.Generator().manual_seed(6)
+    steps = [[torch.randn(5000, generator=gen).to(torch.bfloat16)] for _ in range(4)]
+    case = dict(clip=0.0, nonfinite="propagate", stochastic_rounding=True)
+    ours, _ = _run("cpu", params, steps, case, torch.bfloat16, seed=77)
+    ref, _ = _run("reference", params, steps, case, torch.bfloat16, seed=77)
+    other, _ = _run("cpu", params, steps, case, torch.bfloat16, seed=78)
+    _compare(ours, ref, torch.bfloat16, EQUAL_NO_CLIP)
+    assert not torch.equal(ours[0], other[0])  # the seed matters
+
+
+def _group(params, grads, hyper, seed=9):
+    n = len(params)
+    return LaunchGroup(
+        device=torch.device("cpu"), param_dtype=params[0].dtype, grad_dtype=grads[0].dtype,
+        state_dtype=torch.bfloat16, hyper=hyper, lr=1e-2, seed=seed, params=params, grads=grads,
+        exp_avgs=[torch.zeros_like(p, dtype=torch.bfloat16) for p in params],
+        exp_avg_sqs=[torch.zeros_like(p, dtype=torch.bfloat16) for p in params],
+        p_inits=[p.clone() for p in params], steps=[torch.zeros((), dtype=torch.int64) for _ in params],
+        param_indices=list(range(n)), elem_offsets=[0] * n,
+        global_numels=[p.numel() for p in params])
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_thread_count_does_not_change_any_bit(threads):
+    hyper = Hyper(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, clip=1.0, bound_mode=2,
+                  bound=0.3, maximize=False, nonfinite="skip", stochastic_rounding=True)
+    shapes = [(100003,), (2047,), (1,), (0,), (4096,)]
+    outs = []
+    for nt in (threads, 4):
+        params = _make_params(shapes, torch.bfloat16, 10)
+        grads = _make_params(shapes, torch.float32, 11)
+        group = _group(params, grads, hyper)
+        backend = CpuBackend(num_threads=nt)
+        flag = torch.zeros((), dtype=torch.int32)
+        for _ in range(2):
+            backend.pass1(group, flag)
+            backend.pass2(group, flag)
+            backend.commit(group, flag)
+        outs.append((params, group.exp_avgs, group.stats))
+    for a, b in zip(outs[0][0] + outs[0][1], outs[1][0] + outs[1][1]):
+        assert torch.equal(a, b)
+    assert torch.equal(outs[0][2], outs[1][2])
+
+
+def test_checkpoint_resume_is_bitwise():
+    shapes = [(300,), (17, 9)]
+    params = _make_params(shapes, torch.bfloat16, 12)
+    gen = torch.Generator().manual_seed(13)
+    steps = [[torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes] for _ in range(6)]
+    case = dict(clip=1.0, bound_mode="rel", bound=0.1, nonfinite="skip")
+    full, _ = _run("cpu", params, steps, case, torch.bfloat16, seed=5)
+    half, opt = _run("cpu", params, steps[:3], case, torch.bfloat16, seed=5)
+    state = opt.state_dict()
+    resumed = [p.clone().requires_grad_() for p in half]
+    opt2 = LuminaMoon(resumed, lr=3e-2, weight_decay=0.1, state_dtype=torch.bfloat16, seed=99,
+                      backend="cpu", **case)
+    opt2.load_state_dict(state)
+    for grads in steps[3:]:
+        for p, g in zip(resumed, grads):
+            p.grad = g.clone()
+        opt2.step()
+    for a, b in zip(full, resumed):
+        assert torch.equal(a, b.detach())
+
+
+def test_variant_keys_equal_the_triton_backends():
+    gpu_backend = pytest.importorskip("luminamoon.optimizer.gpu_backend")
+    for (p, s), clip, bound_mode, nonfinite, sr in itertools.product(
+            COMBOS, (0.0, 1.0), (0, 1, 2), ("skip", "raise", "propagate"), (False, True)):
+        hyper = Hyper(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, clip=clip,
+                      bound_mode=bound_mode, bound=1.0, maximize=False, nonfinite=nonfinite,
+                      stochastic_rounding=sr)
+        theirs = {k: v.key() for k, v in gpu_backend.variants_for(p, p, s, hyper).items()}
+        ours = _luminav.variant_keys(DTYPE_CODES[p], DTYPE_CODES[p], DTYPE_CODES[s], clip,
+                                     bound_mode, ("skip", "raise", "propagate").index(nonfinite), sr)
+        assert ours == theirs
+
+
+def test_bad_input_is_refused_with_the_value():
+    with pytest.raises(ValueError, match="num_threads must be >= 0"):
+        CpuBackend(num_threads=-1)
+    with pytest.raises(ValueError, match="beta1 must be in \\[0, 1\\), got 1.5"):
+        _luminav.CpuGroup(param_dtype=0, grad_dtype=0, state_dtype=0, beta1=1.5, beta2=0.9,
+                          eps=1e-8, weight_decay=0.0, clip=0.0, bound_mode=0, bound=1.0,
+                          maximize=False, nonfinite=0, stochastic_rounding=False, seed=0, rows=[])
+    with pytest.raises(ValueError, match="param_dtype must be a dtype code"):
+        _luminav.CpuGroup(param_dtype=5, grad_dtype=0, state_dtype=0, beta1=0.9, beta2=0.9,
+                          eps=1e-8, weight_decay=0.0, clip=0.0, bound_mode=0, bound=1.0,
+                          maximize=False, nonfinite=0, stochastic_rounding=False, seed=0, rows=[])
