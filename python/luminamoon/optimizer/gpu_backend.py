@@ -83,10 +83,12 @@ if _tanh_builtin is None:
     @triton.jit
     def _triton_tanh_fast(x):
         # sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|) <= 1: no overflow for any x,
-        # +-1 at +-inf, NaN stays NaN.
+        # +-1 at +-inf, NaN stays NaN; absolute error <= 2**-23.
+        # below 1e-4, tanh(x) = x to within x**2 / 3 < 2**-24 relative (and keeps the sign)
         e = tl.exp(-2.0 * tl.abs(x))
         t = tl.div_rn(1.0 - e, 1.0 + e)
-        return tl.where(x < 0, -t, t)
+        t = tl.where(x < 0, -t, t)
+        return tl.where(tl.abs(x) < 1e-4, x, t)
 
 else:
 
@@ -169,7 +171,9 @@ def _splitmix64(z):
 @triton.jit
 def _seed_tk(seed, t, k):
     """seed_tk = splitmix64(splitmix64(seed + t) + k), uint64; seed is the int64 two's complement."""
-    s = seed.to(tl.int64).to(tl.uint64, bitcast=True)
+    # "+ 0": the interpreter hands an argument in [2**31, 2**32) over as uint32 data typed
+    # int64, which the addition widens; compiled, it folds away.
+    s = (seed + 0).to(tl.int64).to(tl.uint64, bitcast=True)
     z = _splitmix64(s + t.to(tl.int64).to(tl.uint64, bitcast=True))
     return _splitmix64(z + k.to(tl.int64).to(tl.uint64, bitcast=True))
 
@@ -321,9 +325,11 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr
                                    S_DTYPE, SR)
     # 5. soft clip (pass 2 only)
     if USE_CLIP:
-        tau_pos = tau > 0.0
-        tau_safe = tl.where(tau_pos, tau, 1.0)
-        u = tl.where(tau_pos, tau_safe * _triton_tanh_fast(tl.div_rn(u, tau_safe)), 0.0)
+        # tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads, nonfinite="propagate")
+        # gives NaN, as the unclipped update would
+        tau_zero = tau == 0.0
+        tau_safe = tl.where(tau_zero, 1.0, tau)
+        u = tl.where(tau_zero, 0.0, tau_safe * _triton_tanh_fast(tl.div_rn(u, tau_safe)))
     # 6. decoupled decay and step
     q = p * decay - lr * u
     # 7. bound (modes 1, 2)
@@ -756,38 +762,40 @@ class _Launcher:
     kernel). Later launches call the compiled kernel's launcher directly where Triton's calling
     convention is known (see ``_direct_launch_supported``), skipping the JIT's per-call argument
     binding and cache lookup; otherwise, or with a launch hook installed, they keep the JIT path.
+    The direct path is safe because every argument keeps its type and its alignment class from
+    launch to launch (the backend passes only its own buffers and checked tensors).
     """
 
-    __slots__ = ("variant", "fn", "cx_kwargs", "cx_values", "compiled", "device_index",
-                 "_get_stream")
+    __slots__ = ("variant", "fn", "cx_kwargs", "cx_values", "compiled_kernel", "direct",
+                 "device_index", "_get_stream")
 
     def __init__(self, variant: Variant, device: torch.device):
         self.variant = variant
         self.fn = variant.spec.fn
         self.cx_kwargs = variant.constexpr_dict()
         self.cx_values = tuple(v for _, v in variant.constexprs)
-        self.compiled = None
+        self.compiled_kernel = None  # what the JIT compiled for this variant (None: interpreter)
+        self.direct = False
         self.device_index = device.index if device.index is not None else 0
         self._get_stream = None
 
     def __call__(self, grid: int, args: tuple) -> None:
         if grid <= 0:
             return
-        ck = self.compiled
-        if ck is not None and not _launch_hooks_set():
-            stream = self._get_stream(self.device_index)
-            ck.run(grid, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None,
-                   *args, *self.cx_values)
+        if self.direct and not _launch_hooks_set():
+            ck = self.compiled_kernel
+            ck.run(grid, 1, 1, self._get_stream(self.device_index), ck.function,
+                   ck.packed_metadata, None, None, None, *args, *self.cx_values)
             return
         ret = self.fn[(grid,)](*args, **self.cx_kwargs, num_warps=self.variant.num_warps,
                                num_stages=self.variant.num_stages)
-        if self.compiled is None and _direct_launch_enabled():
-            ck = ret
-            if (ck is not None and getattr(ck, "function", None) is not None
-                    and hasattr(ck, "packed_metadata") and hasattr(ck, "run")):
+        if self.compiled_kernel is None and ret is not None and hasattr(ret, "asm"):
+            self.compiled_kernel = ret
+            if (_direct_launch_enabled() and getattr(ret, "function", None) is not None
+                    and hasattr(ret, "packed_metadata") and hasattr(ret, "run")):
                 from triton.runtime.driver import driver
                 self._get_stream = driver.active.get_current_stream
-                self.compiled = ck
+                self.direct = True
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,421 @@
+"""The Triton kernels of the TDCLM step against the reference backend, on CPU tensors.
+
+Marker ``triton``. The kernels run in Triton's interpreter (TRITON_INTERPRET=1), which must be
+switched on before triton is first imported: Triton decides at decoration time whether a
+@triton.jit function (its own tl.sum, tl.philox... included) is compiled or interpreted. So:
+- when this module is the first to import triton (``pytest tests/test_triton_kernels.py``, or
+  CI's triton job), it sets TRITON_INTERPRET=1 here and the tests run in this process;
+- when an earlier module of the session already imported triton for compiling (the AOT
+  builder's tests, the kernel-source checks), the same tests run in a child pytest process
+  with TRITON_INTERPRET=1 (``test_interpreted_suite_in_child_process``), and fail here if any
+  fails there.
+Sizes are small: the interpreter runs one program at a time in numpy.
+"""
+import os
+import sys
+
+if "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import subprocess  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from conftest import bits, requires_triton, triton_available  # noqa: E402
+from test_gpu_triton import (BF16, F16, F32, Case, assert_groups_close,  # noqa: E402
+                             assert_storage_close, assert_unchanged, clone_group,
+                             compare_with_reference, copy_state, make_group, new_grads, run_step,
+                             snapshot)
+
+
+def _interpreter_active() -> bool:
+    if not triton_available():
+        return False
+    import triton.language.random as random_mod
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(random_mod.philox, InterpretedFunction)
+
+
+IN_PROCESS = _interpreter_active()
+_CHILD_REASON = ("triton was imported for compiling before this module could switch on its "
+                 "interpreter; these tests run in a child process instead")
+
+if IN_PROCESS:
+    import triton
+    import triton.language as tl
+
+    from luminamoon.optimizer import gpu_backend as gb
+    from luminamoon.optimizer import rng
+    from luminamoon.optimizer.reference import ReferenceBackend, _bias_correction
+
+pytestmark = [pytest.mark.triton, requires_triton]
+in_process = pytest.mark.skipif(not IN_PROCESS, reason=_CHILD_REASON)
+
+
+def test_interpreted_suite_in_child_process():
+    if IN_PROCESS:
+        pytest.skip("the interpreter is active in this process: the tests run here")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(root, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         os.path.abspath(__file__)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, ("interpreted kernel tests failed in the child process:\n"
+                                  + proc.stdout[-8000:] + proc.stderr[-4000:])
+
+
+# ------------------------------------------------------------------------------------------
+# The step against the reference: the matrix
+# ------------------------------------------------------------------------------------------
+FULL_BLOCK = ((2100,),)  # one full block of 2048 and a tail: both code paths of a pass
+CASES = [
+    # AdamW-equivalent single pass
+    Case(F32, F32, F32),
+    Case(F32, F32, F32, shapes=FULL_BLOCK + ((3, 5, 7), (1,)), steps=3),
+    # clip + skip + rel bound + maximize
+    Case(F32, F32, F32, clip=1.0, bound_mode=2, nonfinite="skip", maximize=True, steps=3),
+    # pass 1 without the sum (clip 0, skip) and the abs bound
+    Case(F32, F32, F32, clip=0.0, bound_mode=1, nonfinite="skip"),
+    Case(BF16, BF16, F32, clip=1.0, bound_mode=2, nonfinite="skip", shapes=FULL_BLOCK
+         + ((7,), (131,))),
+    Case(BF16, BF16, F32, clip=0.0, bound_mode=0, nonfinite="propagate"),
+    Case(BF16, BF16, BF16, clip=1.0, nonfinite="skip", steps=3),
+    Case(BF16, BF16, BF16, sr=False),
+    Case(BF16, BF16, BF16, clip=0.5, bound_mode=1, sr=False, nonfinite="raise"),
+    Case(F16, F16, F32, clip=0.5, nonfinite="raise"),
+    Case(F16, F16, F32, bound_mode=2),
+    Case(BF16, F32, F32, bound_mode=1, lr="tensor64"),
+    Case(F32, BF16, BF16, clip=2.0, bound_mode=2, lr="tensor"),
+    Case(F16, F32, BF16, clip=1.0, nonfinite="skip", maximize=True),
+    # a sharded layout: global indices past 2**32 (the counter's high word) and n_global > n
+    Case(BF16, BF16, BF16, clip=1.0, shapes=((131,), (1000,), (7,)),
+         offsets=(5, 2 ** 32 - 3, 2 ** 33 + 1)),
+    # many tensors in one group
+    Case(BF16, BF16, F32, clip=1.0, nonfinite="skip",
+         shapes=tuple((1 + (37 * j) % 300,) for j in range(40)), steps=2),
+    Case(F32, F32, F32, shapes=tuple((j % 5, 3) for j in range(40)), steps=2),
+]
+
+
+@in_process
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_step_matches_reference(case):
+    compare_with_reference(gb.TritonBackend(), case, "cpu")
+
+
+# ------------------------------------------------------------------------------------------
+# Non-finite gradients
+# ------------------------------------------------------------------------------------------
+@in_process
+@pytest.mark.parametrize("clip", [0.0, 1.0], ids=["clip0", "clip1"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")],
+                         ids=["nan", "inf", "-inf"])
+def test_skip_leaves_everything_bitwise_unchanged(clip, value):
+    case = Case(BF16, BF16, BF16, clip=clip, bound_mode=2, nonfinite="skip",
+                shapes=((131,), (7,), (3, 5, 7)))
+    group = make_group(case, "cpu")
+    backend = gb.TritonBackend()
+    run_step(backend, group)  # a normal step first: the cache exists and is reused
+    group.grads = new_grads(group, 9, nonfinite_at=(2, 17), value=value)
+    before = snapshot(group)
+    found = run_step(backend, group)
+    assert int(found) == 1
+    assert_unchanged(group, before, f"skipped step ({value})")
+    ref = clone_group(group)
+    assert int(run_step(ReferenceBackend(), ref)) == 1
+    # and the next finite step goes on from the unchanged state, as the reference does
+    group.grads = new_grads(group, 10)
+    ref.grads = [g.clone() for g in group.grads]
+    copy_state(group, ref)
+    assert int(run_step(backend, group)) == 0
+    run_step(ReferenceBackend(), ref)
+    assert_groups_close(group, ref, "step after a skipped one")
+
+
+@in_process
+def test_propagate_carries_nan_like_the_reference():
+    case = Case(F32, F32, F32, clip=1.0, nonfinite="propagate", shapes=((131,), (7,)))
+    group = make_group(case, "cpu")
+    group.grads = new_grads(group, 4, nonfinite_at=(0, 5))
+    ref = clone_group(group)
+    run_step(gb.TritonBackend(), group)
+    run_step(ReferenceBackend(), ref)
+    assert bool(torch.isnan(group.params[0]).any())
+    assert_groups_close(group, ref, "propagate")
+
+
+# ------------------------------------------------------------------------------------------
+# The random words, the bias corrections, tanh, rounding: kernel helpers on their own
+# ------------------------------------------------------------------------------------------
+if IN_PROCESS:
+
+    # t, k and the offset come from an int64 tensor, as the kernels read them from the table;
+    # the seed is a kernel argument, as in the kernels
+
+    @triton.jit
+    def _words_kernel(out, key_out, tko, seed, n, STREAM: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        key = gb._seed_tk(seed, tl.load(tko), tl.load(tko + 1))
+        idx = tl.load(tko + 2) + offs
+        w = gb._random_word(key, idx, STREAM)
+        tl.store(out + offs, w.to(tl.int64), mask=offs < n)
+        tl.store(key_out, key.to(tl.int64, bitcast=True))
+
+    @triton.jit
+    def _bc_kernel(out, beta1, beta2, t_ptr):
+        bc1, bc2 = gb._bias_corrections(tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32),
+                                        tl.load(t_ptr))
+        tl.store(out, bc1)
+        tl.store(out + 1, bc2)
+
+    @triton.jit
+    def _tanh_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        tl.store(y_ptr + offs, gb._triton_tanh_fast(x), mask=offs < n)
+
+    @triton.jit
+    def _bf16_kernel(x_ptr, w_ptr, y_ptr, n, SR: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        w = tl.load(w_ptr + offs, mask=offs < n, other=0).to(tl.uint32)
+        tl.store(y_ptr + offs, gb._to_bf16(x, w, SR), mask=offs < n)
+
+
+SEEDS = [0, 1, 2 ** 31 + 5, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, 0x9E3779B97F4A7C15]
+
+
+@in_process
+@pytest.mark.parametrize("seed", SEEDS, ids=[f"seed{s:#x}" for s in SEEDS])
+@pytest.mark.parametrize("stream", [0, 1, 2])
+def test_random_words_equal_reference_rng(seed, stream):
+    n = 300
+    for t, k, offset in [(1, 0, 0), (7, 5, 2 ** 32 - 150), (123456, 2 ** 40 + 3, 2 ** 33 + 9)]:
+        out = torch.empty(n, dtype=torch.int64)
+        key = torch.empty(1, dtype=torch.int64)
+        tko = torch.tensor([t, k, offset], dtype=torch.int64)
+        _words_kernel[(1,)](out, key, tko, gb._i64(seed), n, STREAM=stream, BLOCK=512)
+        index = torch.arange(n, dtype=torch.int64) + offset
+        expected = rng.random_words(seed, t, k, index, stream)
+        assert int(key) & 0xFFFFFFFFFFFFFFFF == rng.rounding_seed(seed, t, k)
+        assert torch.equal(out, expected), f"seed {seed:#x} t {t} k {k} offset {offset}"
+
+
+@in_process
+@pytest.mark.parametrize("beta", [(0.9, 0.999), (0.5, 0.95), (0.0, 0.0), (0.99, 0.9999)])
+def test_bias_corrections_equal_reference(beta):
+    b1, b2 = (float(torch.tensor(b, dtype=torch.float32)) for b in beta)
+    out = torch.empty(2, dtype=torch.float32)
+    for t in (1, 2, 3, 10, 1000, 123457, 2 ** 31 + 11):
+        tt = torch.tensor(t, dtype=torch.int64)
+        _bc_kernel[(1,)](out, b1, b2, tt)
+        expected = torch.stack([_bias_correction(b1, tt), _bias_correction(b2, tt)])
+        assert torch.equal(bits(out), bits(expected)), f"t={t}: {out.tolist()} vs {expected}"
+
+
+@in_process
+def test_tanh_formula_is_accurate_and_total():
+    # finite range, tiny values, and the special values the soft clip can meet
+    x = torch.cat([torch.linspace(-12.0, 12.0, 997), torch.tensor(
+        [0.0, -0.0, 1e-30, -1e-30, 1e-7, 20.0, -20.0, 1e30, float("inf"), float("-inf"),
+         float("nan")])])
+    y = torch.empty_like(x)
+    _tanh_kernel[(1,)](x, y, x.numel(), BLOCK=1024)
+    expected = torch.tanh(x.double()).float()
+    # The interpreter's formula: 1 - e and 1 + e each round once, so its error is absolute,
+    # <= 2**-23 (relative where |x| < 1e-4, where it returns x); 4 float32 ulps elsewhere.
+    torch.testing.assert_close(y, expected, rtol=4 * 2 ** -23, atol=2 ** -23, equal_nan=True)
+    assert torch.equal(torch.sign(y[:-1]), torch.sign(expected[:-1]))
+
+
+@in_process
+@pytest.mark.parametrize("sr", [0, 1], ids=["rne", "sr"])
+def test_bf16_rounding_equals_reference(sr):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.cat([torch.randn(900, generator=gen) * 10.0 ** torch.randint(
+        -30, 30, (900,), generator=gen), torch.tensor(
+        [0.0, -0.0, 1.0, -1.0, 3.3895314e38, -3.3895314e38, 3.4028235e38, 1e-40, -1e-41,
+         float("inf"), float("-inf"), float("nan"), 1.00390625, 1.01171875])])
+    # ties to even: 1 + 2**-8 rounds to 1, 1 + 3*2**-8 up (both in the tensor above)
+    words = torch.randint(0, 2 ** 32, x.shape, generator=gen, dtype=torch.int64)
+    y = torch.empty(x.shape, dtype=torch.bfloat16)
+    _bf16_kernel[(1,)](x, words, y, x.numel(), SR=sr, BLOCK=1024)
+    expected = rng.round_to_bf16(x, words if sr else None)
+    nan = torch.isnan(x)
+    assert torch.equal(torch.isnan(y), nan)
+    assert torch.equal(bits(y[~nan]), bits(expected[~nan]))
+
+
+# ------------------------------------------------------------------------------------------
+# The backend's cache, lr handling, refusals
+# ------------------------------------------------------------------------------------------
+@in_process
+def test_cache_is_reused_and_follows_new_grad_tensors():
+    case = Case(F32, F32, F32, clip=1.0, nonfinite="skip", shapes=((131,), (7,), (40,)))
+    group = make_group(case, "cpu")
+    ref = clone_group(group)
+    backend = gb.TritonBackend()
+    run_step(backend, group)
+    run_step(ReferenceBackend(), ref)
+    st = group.cache["triton"]
+    for s in range(2):
+        # new gradient tensors (new addresses), the rest unchanged: the table is patched
+        group.grads = new_grads(group, 20 + s)
+        ref.grads = [g.clone() for g in group.grads]
+        copy_state(group, ref)
+        run_step(backend, group)
+        run_step(ReferenceBackend(), ref)
+        assert group.cache["triton"] is st
+        assert st.table[:, gb.COL_GRAD].tolist() == [g.data_ptr() for g in group.grads]
+        assert_groups_close(group, ref, f"new grads, step {s}")
+
+
+@in_process
+def test_new_param_tensors_rebuild_the_tables():
+    case = Case(F32, F32, F32, shapes=((131,), (7,)))
+    group = make_group(case, "cpu")
+    backend = gb.TritonBackend()
+    run_step(backend, group)
+    st = group.cache["triton"]
+    group.params = [p.clone() for p in group.params]
+    group.grads = new_grads(group, 3)
+    ref = clone_group(group)
+    run_step(backend, group)
+    run_step(ReferenceBackend(), ref)
+    assert group.cache["triton"] is not st
+    assert_groups_close(group, ref, "after new params")
+
+
+@in_process
+def test_float_lr_changes_are_applied():
+    case = Case(F32, F32, F32, shapes=((131,),))
+    group = make_group(case, "cpu")
+    ref = clone_group(group)
+    backend = gb.TritonBackend()
+    for s, lr in enumerate([1e-2, 1e-2, 3e-3, 0.0]):
+        group.lr = ref.lr = lr
+        if s:
+            group.grads = new_grads(group, 30 + s)
+            ref.grads = [g.clone() for g in group.grads]
+            copy_state(group, ref)
+        run_step(backend, group)
+        run_step(ReferenceBackend(), ref)
+        assert_groups_close(group, ref, f"lr {lr}")
+        assert float(group.cache["triton"].lr_buf) == float(torch.tensor(lr))
+
+
+def _refused(group, match):
+    before = snapshot(group)
+    grads_before = [g.clone() for g in group.grads]
+    with pytest.raises(ValueError, match=match):
+        run_step(gb.TritonBackend(), group)
+    assert_unchanged(group, before, "refused step")
+    for a, b in zip(group.grads, grads_before):
+        assert torch.equal(bits(a), bits(b))
+
+
+@in_process
+def test_refuses_misaligned_tensor_and_changes_nothing():
+    case = Case(F32, F32, F32, shapes=((131,), (7,)))
+    group = make_group(case, "cpu")
+    base = torch.zeros(132)
+    base[1:].copy_(group.params[0])
+    group.params[0] = base[1:]  # 4 bytes past a 16-byte boundary
+    _refused(group, r"param of tensor 0 .* not a multiple of 16 bytes")
+
+
+@in_process
+def test_refuses_misaligned_new_grad():
+    case = Case(F32, F32, F32, shapes=((131,), (7,)))
+    group = make_group(case, "cpu")
+    run_step(gb.TritonBackend(), group)  # a cached state exists, then a bad grad arrives
+    backend = gb.TritonBackend()
+    buf = torch.zeros(9)
+    group.grads[1] = buf[2:]
+    before = snapshot(group)
+    with pytest.raises(ValueError, match=r"grad of tensor 1 .* not a multiple of 16 bytes"):
+        run_step(backend, group)
+    assert_unchanged(group, before, "refused step")
+
+
+@in_process
+@pytest.mark.parametrize("what", ["noncontiguous", "dtype", "numel", "p_init"])
+def test_refuses_bad_groups(what):
+    case = Case(F32, F32, F32, bound_mode=1, shapes=((6, 42), (7,)))
+    group = make_group(case, "cpu")
+    if what == "noncontiguous":
+        group.exp_avgs[0] = group.exp_avgs[0].t()
+        match = "not contiguous"
+    elif what == "dtype":
+        group.exp_avg_sqs[1] = group.exp_avg_sqs[1].double()
+        match = "dtype torch.float64"
+    elif what == "numel":
+        group.grads[1] = torch.zeros(8)
+        match = "has 8 elements"
+    else:
+        group.p_inits = None
+        match = "needs one p_init per param"
+    _refused(group, match)
+
+
+# ------------------------------------------------------------------------------------------
+# Variants: the interface of the AOT builder and the C++ engine
+# ------------------------------------------------------------------------------------------
+@in_process
+def test_variants_for_follows_the_launch_plan():
+    h = Case(BF16, BF16, F32, clip=1.0, bound_mode=2, nonfinite="skip").hyper()
+    v = gb.variants_for(BF16, BF16, F32, h)
+    assert sorted(v) == ["commit", "pass1", "pass2", "reduce"]
+    assert v["pass2"].key() == (f"pass2.p1g1s0.sr1.b2.c1.f1.B{gb.ELEMENTWISE_BLOCK}"
+                                f".w{gb.ELEMENTWISE_WARPS}")
+    assert v["pass1"].key().startswith("pass1.g1s0.sr1.n1.B")
+    assert v["reduce"].constexpr_dict()["BLOCK"] == v["pass1"].constexpr_dict()["BLOCK"]
+    # AdamW-equivalent: one single-pass kernel and the commit
+    h0 = Case(F32, F32, F32, nonfinite="propagate").hyper()
+    v0 = gb.variants_for(F32, F32, F32, h0)
+    assert sorted(v0) == ["commit", "single_pass"]
+    assert v0["single_pass"].key() == (f"single_pass.p0g0s0.sr0.b0.B{gb.ELEMENTWISE_BLOCK}"
+                                       f".w{gb.ELEMENTWISE_WARPS}")
+    # clip 0 + skip: pass 1 reads only grads (NEED_SUM 0), pass 2 checks the flag
+    hs = Case(F16, F16, F32, nonfinite="skip").hyper()
+    vs = gb.variants_for(F16, F16, F32, hs)
+    assert vs["pass1"].constexpr_dict()["NEED_SUM"] == 0
+    assert vs["pass2"].constexpr_dict()["USE_CLIP"] == 0
+    assert vs["pass2"].constexpr_dict()["CHECK_FLAG"] == 1
+    assert vs["pass2"].constexpr_dict()["SR"] == 0  # no bf16 anywhere: SR normalised to 0
+    for variant in list(v.values()) + list(v0.values()):
+        assert tuple(n for n, _ in variant.constexprs) == gb.KERNEL_SPECS[variant.kernel].constexprs
+
+
+@in_process
+def test_all_variants_are_unique_and_cover_every_group():
+    variants = gb.all_variants()
+    keys = [v.key() for v in variants]
+    assert len(keys) == len(set(keys))
+    assert keys == sorted(keys)
+    assert {v.kernel for v in variants} == set(gb.KERNEL_SPECS)
+    for p, g, s in gb.DEFAULT_DTYPE_COMBOS:
+        for clip in (0.0, 3.0):
+            for bound_mode in (0, 1, 2):
+                for nonfinite in ("skip", "raise", "propagate"):
+                    for sr in (False, True):
+                        h = Case(p, g, s, clip=clip, bound_mode=bound_mode, nonfinite=nonfinite,
+                                 sr=sr).hyper()
+                        for v in gb.variants_for(p, g, s, h).values():
+                            assert v.key() in keys
+    with pytest.raises(ValueError, match="float16 is not supported"):
+        gb.variants_for(F32, F32, F16, Case(F32, F32, F32).hyper())
+
+
+@in_process
+def test_kernel_specs_match_the_kernel_signatures():
+    import inspect
+
+    for name, spec in gb.KERNEL_SPECS.items():
+        params = list(inspect.signature(spec.fn.fn).parameters)
+        assert params == [a for a, _ in spec.args] + list(spec.constexprs), name
