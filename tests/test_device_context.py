@@ -4,7 +4,6 @@ the index they were asked for."""
 from __future__ import annotations
 
 import contextlib
-import types
 
 import pytest
 import torch

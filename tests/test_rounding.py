@@ -15,7 +15,6 @@ from luminamoon import LuminaMoon, tdclm
 from luminamoon.optimizer import rng
 from luminamoon.optimizer._plan import LaunchGroup
 from luminamoon.optimizer._validation import make_hyper
-from luminamoon.optimizer.functional import run_launch_groups
 from luminamoon.optimizer.reference import ReferenceBackend
 
 M32 = 0xFFFFFFFF

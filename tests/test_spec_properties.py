@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TOLERANCES, assert_bitwise_equal, dtype_id
+from conftest import assert_bitwise_equal, dtype_id
 from luminamoon import LuminaMoon
 
 F32 = np.float32

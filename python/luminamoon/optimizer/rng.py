@@ -94,7 +94,7 @@ def _mulhilo32(a: int, x: Word) -> Tuple[Word, Word]:
     return hi, lo
 
 
-def _as_word(c: Word, device: Optional[torch.device]) -> Word:
+def _as_word(c: Word) -> Word:
     if isinstance(c, torch.Tensor):
         return c.to(torch.int64) & MASK32
     return int(c) & MASK32
@@ -114,7 +114,7 @@ def philox4x32_10(key, c0: Word, c1: Word, c2: Word, c3: Word) -> Tuple[Word, Wo
     else:
         key = int(key) & MASK64
         k0, k1 = key & MASK32, key >> 32
-    c0, c1, c2, c3 = (_as_word(c, None) for c in (c0, c1, c2, c3))
+    c0, c1, c2, c3 = (_as_word(c) for c in (c0, c1, c2, c3))
     for _ in range(PHILOX_ROUNDS):
         hi_b, lo_b = _mulhilo32(PHILOX_ROUND_B, c2)
         hi_a, lo_a = _mulhilo32(PHILOX_ROUND_A, c0)
