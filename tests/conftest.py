@@ -20,6 +20,16 @@ SHAPE_IDS = ["x".join(map(str, s)) for s in ODD_SHAPES]
 DTYPE_IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
              torch.float64: "fp64"}
 
+# Tolerances per dtype, as (rtol, atol) on values of magnitude ~1, each with its reason.
+TOLERANCES = {
+    # float32 storage: two correct float32 computations of one formula differ by a few ulps.
+    torch.float32: (1e-6, 1e-6),
+    # bfloat16 storage: 8-bit mantissa, one ulp at 1.0 is 2**-7.
+    torch.bfloat16: (2**-7, 2**-7),
+    # float16 storage: 11-bit mantissa, one ulp at 1.0 is 2**-10.
+    torch.float16: (2**-10, 2**-10),
+}
+
 SKIP_NO_TRITON_REASON = "triton is not installed"
 
 
