@@ -2,19 +2,31 @@
 
 Marker ``triton``. The kernels run in Triton's interpreter (TRITON_INTERPRET=1), which must be
 switched on before triton is first imported: Triton decides at decoration time whether a
-@triton.jit function (its own tl.sum, tl.philox... included) is compiled or interpreted. So:
-- when this module is the first to import triton (``pytest tests/test_triton_kernels.py``, or
-  CI's triton job), it sets TRITON_INTERPRET=1 here and the tests run in this process;
-- when an earlier module of the session already imported triton for compiling (the AOT
-  builder's tests, the kernel-source checks), the same tests run in a child pytest process
-  with TRITON_INTERPRET=1 (``test_interpreted_suite_in_child_process``), and fail here if any
-  fails there.
+@triton.jit function (its own tl.sum, tl.philox... included) is compiled or interpreted, for
+the whole process. So:
+- run on its own (``pytest tests/test_triton_kernels.py``), or in a session started with
+  TRITON_INTERPRET=1, this module switches the interpreter on (before importing triton) and the
+  tests run in this process;
+- in a session that also holds tests needing compiled Triton (the AOT builder's, the PTX
+  checks), switching the interpreter on here would break them, so the same tests run in a child
+  pytest process with TRITON_INTERPRET=1 (``test_interpreted_suite_in_child_process``), which
+  fails here if any fails there.
 Sizes are small: the interpreter runs one program at a time in numpy.
 """
 import os
 import sys
 
-if "triton" not in sys.modules:
+
+
+def _only_this_file_requested() -> bool:
+    """The pytest command line names this file (or its tests) and no other path."""
+    paths = [a.split("::")[0] for a in sys.argv[1:] if not a.startswith("-")
+             and (a.split("::")[0].endswith(".py") or os.path.isdir(a))]
+    here = os.path.abspath(__file__)
+    return bool(paths) and all(os.path.abspath(p) == here for p in paths)
+
+
+if "triton" not in sys.modules and _only_this_file_requested():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import subprocess  # noqa: E402
@@ -39,8 +51,8 @@ def _interpreter_active() -> bool:
 
 
 IN_PROCESS = _interpreter_active()
-_CHILD_REASON = ("triton was imported for compiling before this module could switch on its "
-                 "interpreter; these tests run in a child process instead")
+_CHILD_REASON = ("Triton's interpreter is not on in this session (other tests compile); these "
+                 "tests run in a child process instead")
 
 if IN_PROCESS:
     import triton
