@@ -33,20 +33,6 @@ __all__ = ["LuminaMoon"]
 _PLAN_KEYS = tuple(k for k in HYPER_KEYS if k != "lr")
 
 
-def _first_tensor(params: List[Any]) -> Optional[torch.Tensor]:
-    for item in params:
-        if isinstance(item, torch.Tensor):
-            return item
-        if isinstance(item, dict):
-            group_params = item.get("params", [])
-            if isinstance(group_params, torch.Tensor):
-                return group_params
-            for p in group_params:
-                if isinstance(p, torch.Tensor):
-                    return p
-    return None
-
-
 def _draw_seed(device: torch.device) -> int:
     """A 64-bit seed from the default generator of ``device`` (two 32-bit draws)."""
     gen = _get_generator(device)
