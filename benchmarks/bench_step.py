@@ -1,0 +1,335 @@
+"""Optimizer-step benchmark: LuminaMoon's Triton backend against torch.optim.AdamW.
+
+For each case (a set of parameter shapes and dtypes), mode and implementation it measures:
+- us/step: device time of one ``optimizer.step()`` (CUDA events, median over the timed steps);
+- bytes/step by the TDCLM byte count (docs/tdclm.md, README here), and the effective TB/s;
+- the fraction of a device-to-device copy ceiling measured in the same run (a 4 GiB copy,
+  bytes read + written);
+- host us/step: perf_counter around ``step()`` without any sync, averaged.
+It prints a table and appends CSV rows to benchmarks/results/<date>-<device>.csv (--out).
+
+Run from a checkout:  PYTHONPATH=python python benchmarks/bench_step.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import gc
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+
+from luminamoon import LuminaMoon  # noqa: E402
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------
+# Cases: parameter shapes
+# ------------------------------------------------------------------------------------------
+def gpt2_124m_shapes() -> List[Tuple[int, ...]]:
+    """GPT-2 small (124M): wte, wpe, 12 blocks of 12 tensors, ln_f: 148 tensors."""
+    d, v, ctx = 768, 50257, 1024
+    shapes = [(v, d), (ctx, d)]
+    for _ in range(12):
+        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,),  # ln_1, attn
+                   (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]  # ln_2, mlp
+    shapes += [(d,), (d,)]
+    return shapes
+
+
+def llama_1b_shapes() -> List[Tuple[int, ...]]:
+    """A Llama-like 1.2B model (hidden 2048, 16 layers, GQA 32/8 heads, MLP 8192, vocab
+    128256, tied embeddings): 146 tensors."""
+    d, kv, ff, v, layers = 2048, 512, 8192, 128256, 16
+    shapes = [(v, d)]
+    for _ in range(layers):
+        shapes += [(d, d), (kv, d), (kv, d), (d, d), (ff, d), (ff, d), (d, ff), (d,), (d,)]
+    shapes += [(d,)]
+    return shapes
+
+
+def tiny_shapes() -> List[Tuple[int, ...]]:
+    """1000 tiny tensors of 1 to 4096 elements (biases, norms, adapters)."""
+    return [((37 * j) % 4096 + 1,) for j in range(1000)]
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    name: str
+    shapes: Tuple[Tuple[int, ...], ...]
+    param_dtype: torch.dtype
+    small: bool  # the reference backend is timed only on small cases (it is slow)
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/{'bf16' if self.param_dtype == BF16 else 'fp32'}"
+
+
+def all_cases() -> List[BenchCase]:
+    big = ((256 * 2 ** 20,),)
+    return [
+        BenchCase("one-256M", big, F32, False),
+        BenchCase("one-256M", big, BF16, False),
+        BenchCase("gpt2-124m", tuple(gpt2_124m_shapes()), F32, True),
+        BenchCase("gpt2-124m", tuple(gpt2_124m_shapes()), BF16, True),
+        BenchCase("llama-1.2b", tuple(llama_1b_shapes()), F32, False),
+        BenchCase("llama-1.2b", tuple(llama_1b_shapes()), BF16, False),
+        BenchCase("tiny-1000", tuple(tiny_shapes()), F32, True),
+    ]
+
+
+QUICK = {"one-256M/fp32", "gpt2-124m/bf16", "tiny-1000/fp32"}
+
+# ------------------------------------------------------------------------------------------
+# Modes: hyperparameters of LuminaMoon
+# ------------------------------------------------------------------------------------------
+MODES: Dict[str, dict] = {
+    # clip 0, no bound, non-finite propagated: the single-pass AdamW-equivalent kernel
+    "adamw": dict(clip=0.0, bound_mode="none", nonfinite="propagate"),
+    # the default TDCLM step: two passes (clip statistic + skip flag)
+    "clip": dict(clip=4.0, bound_mode="none", nonfinite="skip"),
+    # two passes plus the relative bound (reads p_init)
+    "clip-rel": dict(clip=4.0, bound_mode="rel", bound=1.0, nonfinite="skip"),
+}
+
+
+def bytes_per_element(param: torch.dtype, grad: torch.dtype, state: torch.dtype,
+                      clip: float, bound_mode: str, nonfinite: str) -> int:
+    """Bytes each element moves in one step, by the spec's count.
+
+    Pass 2 (or the single pass) reads g, p, m, v and writes p, m, v; pass 1 reads g, m, v when
+    clip > 0, or only g when it runs for the skip flag alone; a bound reads p_init. fp32:
+    28 single, 40 two-pass (+4 bounded); bf16 params+grads with fp32 moments: 22 and 32.
+    """
+    p, g, s = (torch.empty((), dtype=d).element_size() for d in (param, grad, state))
+    total = 2 * p + g + 4 * s
+    if clip > 0:
+        total += g + 2 * s
+    elif nonfinite == "skip":
+        total += g
+    if bound_mode != "none":
+        total += p
+    return total
+
+
+# ------------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------------
+@dataclass
+class Timing:
+    us: float  # device time per step (median)
+    host_us: float  # host time per step (mean, no sync)
+
+
+def time_steps(step: Callable[[], None], device: torch.device, steps: int, warmup: int
+               ) -> Timing:
+    for _ in range(warmup):
+        step()
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync()
+    # host time: the loop alone, nothing waits for the device
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host = (time.perf_counter() - t0) / steps
+    sync()
+    samples = []
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(steps)]
+        for start, end in events:
+            start.record()
+            step()
+            end.record()
+        sync()
+        samples = [start.elapsed_time(end) * 1e3 for start, end in events]
+    else:
+        for _ in range(steps):
+            t = time.perf_counter()
+            step()
+            samples.append((time.perf_counter() - t) * 1e6)
+    return Timing(us=statistics.median(samples), host_us=host * 1e6)
+
+
+def copy_ceiling_tbps(device: torch.device, nbytes: int = 4 * 2 ** 30, reps: int = 10) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second (TB/s)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    t = time_steps(lambda: dst.copy_(src), device, reps, 2)
+    del src, dst
+    return 2 * nbytes / (t.us * 1e-6) / 1e12
+
+
+# ------------------------------------------------------------------------------------------
+# Implementations
+# ------------------------------------------------------------------------------------------
+def make_params(case: BenchCase, device: torch.device) -> List[torch.Tensor]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    params = []
+    for shape in case.shapes:
+        p = torch.empty(shape, device=device, dtype=case.param_dtype)
+        p.normal_(generator=gen)
+        p.grad = torch.empty_like(p).normal_(generator=gen).mul_(1e-2)
+        params.append(p)
+    return params
+
+
+def build(impl: str, mode: str, params: List[torch.Tensor]):
+    """(optimizer, (param, grad, state) dtypes, hyperparameters used for the byte count)."""
+    p = params[0]
+    if impl.startswith("luminamoon-"):
+        hp = dict(MODES[mode])
+        opt = LuminaMoon(params, lr=1e-3, weight_decay=0.01, seed=0,
+                         backend=impl.split("-", 1)[1], state_dtype=F32, **hp)
+        return opt, (p.dtype, p.dtype, F32), hp
+    # torch.optim.AdamW keeps its moments in the parameter dtype
+    kind = impl.split("-")[-1]
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, **{kind: True})
+    return opt, (p.dtype, p.dtype, p.dtype), dict(MODES["adamw"])
+
+
+def impls_for(case: BenchCase, mode: str, device: torch.device, chosen: Sequence[str]
+              ) -> List[str]:
+    out = []
+    for impl in chosen:
+        if impl == "luminamoon-reference" and not case.small:
+            continue  # far too slow at this size
+        if impl.startswith("torch-") and mode != "adamw":
+            continue  # AdamW is the baseline of the AdamW-equivalent mode only
+        if impl == "torch-adamw-fused" and device.type != "cuda":
+            continue
+        if impl == "luminamoon-triton" and device.type != "cuda":
+            continue
+        out.append(impl)
+    return out
+
+
+IMPLS = ["luminamoon-triton", "torch-adamw-fused", "torch-adamw-foreach", "luminamoon-reference"]
+
+
+# ------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def _versions() -> Tuple[str, str]:
+    try:
+        import triton
+        tv = triton.__version__
+    except ImportError:
+        tv = "none"
+    return torch.__version__, tv
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"only {', '.join(sorted(QUICK))}, fewer steps")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated case labels (e.g. gpt2-124m/bf16,tiny-1000/fp32)")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20, quick 8)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", default=None, help="CSV file to append to")
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    steps = args.steps or (8 if args.quick else 20)
+    cases = all_cases()
+    if args.cases:
+        wanted = set(args.cases.split(","))
+        unknown = wanted - {c.label for c in cases}
+        if unknown:
+            ap.error(f"unknown cases {sorted(unknown)}; known: {[c.label for c in cases]}")
+        cases = [c for c in cases if c.label in wanted]
+    elif args.quick:
+        cases = [c for c in cases if c.label in QUICK]
+    if device.type != "cuda":
+        # a CPU smoke run: only the small cases make sense
+        cases = [c for c in cases if c.small]
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"unknown mode {m!r}; known: {list(MODES)}")
+    chosen = [i for i in args.impls.split(",") if i]
+    for i in chosen:
+        if i not in IMPLS:
+            ap.error(f"unknown impl {i!r}; known: {IMPLS}")
+
+    dev_name = _device_name(device)
+    torch_v, triton_v = _versions()
+    date = _dt.date.today().isoformat()
+    out = args.out or os.path.join(
+        HERE, "results", f"{date}-{re.sub(r'[^A-Za-z0-9.]+', '-', dev_name).strip('-')}.csv")
+    ceiling = copy_ceiling_tbps(device) if device.type == "cuda" else float("nan")
+    print(f"device {dev_name} | torch {torch_v} | triton {triton_v} | {date}")
+    print(f"copy ceiling (4 GiB device-to-device, read+write): {ceiling:.3f} TB/s")
+    header = (f"{'case':<18} {'mode':<9} {'impl':<22} {'us/step':>10} {'B/elem':>7} "
+              f"{'TB/s':>7} {'ceil%':>6} {'host us':>9}")
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for case in cases:
+        for mode in modes:
+            for impl in impls_for(case, mode, device, chosen):
+                params = make_params(case, device)
+                try:
+                    opt, dtypes, hp = build(impl, mode, params)
+                    t = time_steps(opt.step, device, steps, args.warmup)
+                except Exception as exc:  # an implementation that cannot run here: say why
+                    print(f"{case.label:<18} {mode:<9} {impl:<22} failed: "
+                          f"{type(exc).__name__}: {exc}")
+                    continue
+                finally:
+                    del params
+                bpe = bytes_per_element(*dtypes, hp["clip"], hp["bound_mode"], hp["nonfinite"])
+                tbps = bpe * case.numel / (t.us * 1e-6) / 1e12
+                frac = tbps / ceiling if ceiling == ceiling else float("nan")
+                print(f"{case.label:<18} {mode:<9} {impl:<22} {t.us:>10.1f} {bpe:>7d} "
+                      f"{tbps:>7.3f} {100 * frac:>5.1f}% {t.host_us:>9.1f}")
+                rows.append(dict(device=dev_name, torch=torch_v, triton=triton_v, date=date,
+                                 case=case.label, tensors=len(case.shapes), numel=case.numel,
+                                 mode=mode, impl=impl, us_per_step=f"{t.us:.2f}",
+                                 bytes_per_elem=bpe, tbps=f"{tbps:.4f}",
+                                 ceiling_fraction=f"{frac:.4f}",
+                                 ceiling_tbps=f"{ceiling:.4f}", host_us=f"{t.host_us:.2f}"))
+                del opt
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    if rows:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        new = not os.path.exists(out)
+        with open(out, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            if new:
+                w.writeheader()
+            w.writerows(rows)
+        print(f"appended {len(rows)} rows to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
