@@ -152,11 +152,6 @@ struct ParamDesc {
   void* p_init = nullptr;        // optional borrowed p0 (param dtype); used when bounded
 };
 
-// Serialized state: moments, p_init, per-tensor steps, seed, skipped-step count.
-struct EngineState;
-
-class Backend;  // CPU or CUDA implementation of the group passes (src/engine)
-
 class Engine {
  public:
   explicit Engine(const EngineOptions& options);
