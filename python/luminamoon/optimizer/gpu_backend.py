@@ -767,7 +767,7 @@ class _Launcher:
     """
 
     __slots__ = ("variant", "fn", "cx_kwargs", "cx_values", "compiled_kernel", "direct",
-                 "device_index", "_get_stream")
+                 "device_index", "_get_stream", "_get_device")
 
     def __init__(self, variant: Variant, device: torch.device):
         self.variant = variant
@@ -776,15 +776,18 @@ class _Launcher:
         self.cx_values = tuple(v for _, v in variant.constexprs)
         self.compiled_kernel = None  # what the JIT compiled for this variant (None: interpreter)
         self.direct = False
-        self.device_index = device.index if device.index is not None else 0
+        # None: the device's current index (the launch runs under its device context)
+        self.device_index = device.index
         self._get_stream = None
+        self._get_device = None
 
     def __call__(self, grid: int, args: tuple) -> None:
         if grid <= 0:
             return
         if self.direct and not _launch_hooks_set():
             ck = self.compiled_kernel
-            ck.run(grid, 1, 1, self._get_stream(self.device_index), ck.function,
+            index = self.device_index if self.device_index is not None else self._get_device()
+            ck.run(grid, 1, 1, self._get_stream(index), ck.function,
                    ck.packed_metadata, None, None, None, *args, *self.cx_values)
             return
         ret = self.fn[(grid,)](*args, **self.cx_kwargs, num_warps=self.variant.num_warps,
@@ -795,7 +798,21 @@ class _Launcher:
                     and hasattr(ret, "packed_metadata") and hasattr(ret, "run")):
                 from triton.runtime.driver import driver
                 self._get_stream = driver.active.get_current_stream
+                self._get_device = driver.active.get_current_device
                 self.direct = True
+
+
+# One launcher per (variant, device) for the process: groups rebuilt (new params, or the
+# functional form's fresh groups) keep the compiled kernels and the direct launch path.
+_LAUNCHERS: Dict[Tuple[Variant, str, int], _Launcher] = {}
+
+
+def _launcher(variant: Variant, device: torch.device) -> _Launcher:
+    key = (variant, device.type, device.index if device.index is not None else -1)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        launcher = _LAUNCHERS[key] = _Launcher(variant, device)
+    return launcher
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1082,7 +1099,7 @@ def _build_state(group: LaunchGroup) -> _GroupState:
     st.lr_arg = None
     st.grads_seen = None
     st.variants = variants_for(group.param_dtype, group.grad_dtype, group.state_dtype, hyper)
-    st.launchers = {name: _Launcher(v, dev) for name, v in st.variants.items()}
+    st.launchers = {name: _launcher(v, dev) for name, v in st.variants.items()}
     seed = _i64(group.seed)
     sign = -1.0 if hyper.maximize else 1.0
     b1, b2, eps = _f32(hyper.beta1), _f32(hyper.beta2), _f32(hyper.eps)
