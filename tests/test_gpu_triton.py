@@ -382,40 +382,50 @@ def test_current_device_differs_from_params():
 
 
 def test_jit_and_ahead_of_time_compile_to_the_same_code():
-    """The JIT's compiled kernel (as launched) and triton.compile with the AOT hints (every
+    """The JIT's compiled kernel (as launched) and the AOT builder's triton.compile call (every
     pointer divisible by 16, no integer specialisation) give the same PTX."""
     import triton
 
+    from luminamoon.aot import builder, compat
     from luminamoon.optimizer import gpu_backend as gb
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError:
-        pytest.skip("this Triton has no ASTSource/GPUTarget at the known places")
+
     case = Case(BF16, BF16, F32, clip=1.0, bound_mode=2, nonfinite="skip", shapes=GPU_SHAPES[:4])
     group = make_group(case, "cuda")
-    backend = gb.TritonBackend()
-    run_step(backend, group)
+    run_step(gb.TritonBackend(), group)
     st = group.cache["triton"]
-    cap = torch.cuda.get_device_capability()
-    checked = 0
+    major, minor = torch.cuda.get_device_capability()
     for name, launcher in st.launchers.items():
         ck = launcher.compiled_kernel
-        if ck is None:
-            continue
+        assert ck is not None, f"{name}: the JIT kept no compiled kernel"
         v = launcher.variant
-        sig = {a: t for a, t in v.spec.args}
-        sig.update({c: "constexpr" for c in v.spec.constexprs})
-        attrs = {(i,): [["tt.divisibility", 16]] for i, (a, t) in enumerate(v.spec.args)
-                 if t.startswith("*")}
-        try:
-            src = ASTSource(fn=v.spec.fn, signature=sig, constexprs=v.constexpr_dict(),
-                            attrs=attrs)
-        except TypeError:
-            pytest.skip("ASTSource of this Triton takes another signature form (pre-3.3)")
-        aot = triton.compile(src, target=GPUTarget("cuda", cap[0] * 10 + cap[1], 32),
-                             options={"num_warps": v.num_warps, "num_stages": v.num_stages})
+        plan = builder.plan_kernel(v.spec)
+        src = compat.make_ast_source(plan.fn, plan.source_spec(v.constexpr_dict()),
+                                     compat.detect_api())
+        aot = triton.compile(src, target=compat.gpu_target(major * 10 + minor), options={
+            "num_warps": v.num_warps, "num_stages": v.num_stages, "num_ctas": 1})
         assert aot.asm["ptx"] == ck.asm["ptx"], f"{v.key()}: JIT and AOT PTX differ"
-        checked += 1
-    assert checked == len(st.launchers)
 
+
+def test_direct_launch_and_jit_launch_agree_bitwise(monkeypatch):
+    from luminamoon.optimizer import gpu_backend as gb
+
+    case = Case(BF16, BF16, BF16, clip=1.0, bound_mode=2, nonfinite="skip", shapes=GPU_SHAPES)
+    results = []
+    for direct in (True, False):
+        monkeypatch.setattr(gb, "_DIRECT_LAUNCH", direct and gb._direct_launch_supported())
+        monkeypatch.setattr(gb, "_LAUNCHERS", {})
+        group = make_group(case, "cuda")
+        backend = gb.TritonBackend()
+        for s in range(3):
+            if s:
+                group.grads = new_grads(group, 60 + s)
+            run_step(backend, group)
+        launchers = group.cache["triton"].launchers.values()
+        if direct and gb._direct_launch_supported():
+            assert all(launcher.direct for launcher in launchers)
+        if not direct:
+            assert not any(launcher.direct for launcher in launchers)
+        results.append(group)
+    for name in ("params", "exp_avgs", "exp_avg_sqs", "steps"):
+        for j, (x, y) in enumerate(zip(getattr(results[0], name), getattr(results[1], name))):
+            assert torch.equal(bits(x), bits(y)), f"{name}[{j}]: direct and JIT launches differ"

@@ -239,3 +239,36 @@ def test_element_accesses_are_16_byte_vectors(prefix):
     # 16-byte vectors: v4 of 32-bit words (fp32 elements, or 2 x 16-bit elements per word)
     assert loads["4"] >= want_loads, f"{variant.key()}: {dict(loads)} vector loads"
     assert stores["4"] >= want_stores, f"{variant.key()}: {dict(stores)} vector stores"
+
+
+# ------------------------------------------------------------------------------------------
+# 4. the launch path: the JIT's calling convention and launch hooks, read from this Triton
+# ------------------------------------------------------------------------------------------
+@requires_triton
+@pytest.mark.triton
+def test_direct_launch_follows_the_installed_triton():
+    _builder, _compat, gb = _compiler_or_skip()
+    import inspect
+
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    src = inspect.getsource(JITFunction.run)
+    # the direct path is taken exactly when the JIT itself hands every bound argument over
+    assert gb._direct_launch_supported() == ("*bound_args.values())" in src
+                                             and "kernel.run(grid_0" in src)
+    knobs = getattr(triton, "knobs", None)
+    chain = getattr(getattr(knobs, "runtime", None), "launch_enter_hook", None)
+    if chain is None or not hasattr(chain, "add"):
+        pytest.skip("this Triton has no hook chain in knobs.runtime")
+    assert not gb._launch_hooks_set()
+
+    def hook(*_args):
+        return None
+
+    chain.add(hook)
+    try:
+        assert gb._launch_hooks_set()  # a profiler's hook sends launches through the JIT
+    finally:
+        chain.remove(hook)
+    assert not gb._launch_hooks_set()

@@ -36,9 +36,8 @@ import torch  # noqa: E402
 
 from conftest import bits, requires_triton, triton_available  # noqa: E402
 from test_gpu_triton import (BF16, F16, F32, Case, assert_groups_close,  # noqa: E402
-                             assert_storage_close, assert_unchanged, clone_group,
-                             compare_with_reference, copy_state, make_group, new_grads, run_step,
-                             snapshot)
+                             assert_unchanged, clone_group, compare_with_reference, copy_state,
+                             make_group, new_grads, run_step, snapshot)
 
 
 def _interpreter_active() -> bool:

@@ -728,19 +728,27 @@ def _direct_launch_supported() -> bool:
             in src and "*bound_args.values())" in src)
 
 
+def _hook_active(hook) -> bool:
+    """None and an empty hook chain (Triton 3.6+: ``knobs.HookChain``) call nothing."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or len(calls) > 0
+
+
 def _launch_hooks_set() -> bool:
-    """A launch hook (profilers) needs the JIT's own path, which calls it."""
+    """A launch hook (profilers) needs the JIT's own path, which builds its metadata."""
     knobs = getattr(triton, "knobs", None)
     runtime = getattr(knobs, "runtime", None) if knobs is not None else None
     if runtime is not None:
-        return (getattr(runtime, "launch_enter_hook", None) is not None
-                or getattr(runtime, "launch_exit_hook", None) is not None)
+        return (_hook_active(getattr(runtime, "launch_enter_hook", None))
+                or _hook_active(getattr(runtime, "launch_exit_hook", None)))
     try:
         from triton.compiler import CompiledKernel
     except ImportError:
         return True
-    return (getattr(CompiledKernel, "launch_enter_hook", None) is not None
-            or getattr(CompiledKernel, "launch_exit_hook", None) is not None)
+    return (_hook_active(getattr(CompiledKernel, "launch_enter_hook", None))
+            or _hook_active(getattr(CompiledKernel, "launch_exit_hook", None)))
 
 
 _DIRECT_LAUNCH: Optional[bool] = None
