@@ -284,12 +284,18 @@ def _is_finite(x):
 
 
 @triton.jit
-def _block_offsets(pid, block_start, BLOCK: tl.constexpr):
-    """int64 element offsets of this program's block inside its tensor (tensors > 2**31 elems)."""
+def _block_offsets(pid, block_start, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """int64 element offsets of this program's block inside its tensor (tensors > 2**31 elems).
+
+    VEC: the contiguous run each thread owns. BLOCK lets every tensor take its widest access
+    (16 bytes); 4 keeps 32-bit and 16-bit tensors of one kernel in one register layout
+    (16-byte accesses for 32-bit data, 8-byte for 16-bit data) so that no layout conversion
+    through shared memory sits between the loads and the arithmetic.
+    """
     local_block = pid - block_start
     start = local_block.to(tl.int64) * BLOCK
     offs = start + tl.arange(0, BLOCK)
-    offs = tl.max_contiguous(tl.multiple_of(offs, BLOCK), BLOCK)
+    offs = tl.max_contiguous(tl.multiple_of(offs, BLOCK), VEC)
     return start, offs
 
 
@@ -366,7 +372,12 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     row = tl.load(block_map + pid)
     (p_addr, g_addr, m_addr, v_addr, p0_addr, step_addr, numel, block_start, elem_offset,
      param_index, global_numel) = _load_row(table, row)
-    start, offs = _block_offsets(pid, block_start, BLOCK)
+    # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
+    MIXED: tl.constexpr = ((P_DTYPE == 0) != (S_DTYPE == 0)) or ((G_DTYPE == 0) != (S_DTYPE == 0))
+    if MIXED:
+        start, offs = _block_offsets(pid, block_start, BLOCK, 4)
+    else:
+        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK)
     p_ptr = _elem_ptr(p_addr, P_DTYPE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
@@ -421,7 +432,12 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     row = tl.load(block_map + pid)
     (_p_addr, g_addr, m_addr, v_addr, _p0_addr, step_addr, numel, block_start, elem_offset,
      param_index, _global_numel) = _load_row(table, row)
-    start, offs = _block_offsets(pid, block_start, BLOCK)
+    # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
+    MIXED: tl.constexpr = NEED_SUM and ((G_DTYPE == 0) != (S_DTYPE == 0))
+    if MIXED:
+        start, offs = _block_offsets(pid, block_start, BLOCK, 4)
+    else:
+        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
