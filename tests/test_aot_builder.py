@@ -204,8 +204,7 @@ def test_trailing_scratch_read_from_ptx_and_agrees_with_version_table(bundle, re
         src = compat.make_ast_source(plan.fn, plan.source_spec(e["constexprs"]), api)
         v = by_key[e["key"]]
         compiled = triton.compile(src, target=compat.gpu_target(e["target"]["arch"]),
-                                  options={"num_warps": v.num_warps, "num_stages": v.num_stages,
-                                           "num_ctas": 1})
+                                  options=builder.compile_options(plan, v))
         params = compat.ptx_entry_params(compiled.asm["ptx"], e["entry"])
         assert len(params) - len(e["signature"]) == e["num_trailing_scratch_ptrs"]
         assert len(params) == e["num_params"]
@@ -214,7 +213,7 @@ def test_trailing_scratch_read_from_ptx_and_agrees_with_version_table(bundle, re
         assert bytes(compiled.asm["cubin"]) == (out / e["cubin"]).read_bytes()
 
 
-def _jit_compile(fn, args, constexprs, num_warps, num_stages, arch):
+def _jit_compile(fn, args, constexprs, num_warps, num_stages, arch, extra_options=()):
     """Compile ``fn`` as its JIT launcher would for ``args`` (the launcher's own binder)."""
     jit = importlib.import_module("triton.runtime.jit")
     make_binder = getattr(jit, "create_function_from_signature", None)
@@ -226,7 +225,7 @@ def _jit_compile(fn, args, constexprs, num_warps, num_stages, arch):
     target = compat.gpu_target(arch)
     backend = make_backend(target)
     binder = make_binder(fn.signature, fn.params, backend)
-    kwargs = dict(constexprs, num_warps=num_warps, num_stages=num_stages)
+    kwargs = dict(constexprs, num_warps=num_warps, num_stages=num_stages, **dict(extra_options))
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:  # what JITFunction.run adds before binding
         kwargs["debug"] = fn.debug or knobs.runtime.debug
@@ -275,7 +274,8 @@ def test_builder_cubin_is_the_jit_kernel(bundle, request):
         plan = builder.plan_kernel(specs[e["kernel"]])
         v = by_key[e["key"]]
         sig, compiled = _jit_compile(plan.fn, _launch_args(plan.runtime_args), e["constexprs"],
-                                     v.num_warps, v.num_stages, e["target"]["arch"])
+                                     v.num_warps, v.num_stages, e["target"]["arch"],
+                                     plan.compile_options)
         jit_runtime = [n for n, t in sig.items() if t != "constexpr"]
         assert jit_runtime == e["arg_names"]
         assert [sig[n] for n in jit_runtime] == e["signature"]

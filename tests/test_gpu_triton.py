@@ -401,8 +401,8 @@ def test_jit_and_ahead_of_time_compile_to_the_same_code():
         plan = builder.plan_kernel(v.spec)
         src = compat.make_ast_source(plan.fn, plan.source_spec(v.constexpr_dict()),
                                      compat.detect_api())
-        aot = triton.compile(src, target=compat.gpu_target(major * 10 + minor), options={
-            "num_warps": v.num_warps, "num_stages": v.num_stages, "num_ctas": 1})
+        aot = triton.compile(src, target=compat.gpu_target(major * 10 + minor),
+                             options=builder.compile_options(plan, v))
         assert aot.asm["ptx"] == ck.asm["ptx"], f"{v.key()}: JIT and AOT PTX differ"
 
 

@@ -240,8 +240,8 @@ def test_element_accesses_are_wide_vectors(prefix):
                                  compat.detect_api())
     import triton
     try:
-        compiled = triton.compile(src, target=compat.gpu_target(90), options={
-            "num_warps": variant.num_warps, "num_stages": variant.num_stages, "num_ctas": 1})
+        compiled = triton.compile(src, target=compat.gpu_target(90),
+                                  options=builder.compile_options(plan, variant))
     except Exception as exc:  # no CUDA backend / ptxas in this Triton build
         pytest.skip(f"cannot compile for sm_90 here: {type(exc).__name__}: {exc}")
     ptx = compiled.asm["ptx"]

@@ -56,6 +56,8 @@ class CompilePlan:
     runtime_args: Tuple[Tuple[str, str], ...]  # (name, type word), ABI order
     constexpr_names: Tuple[str, ...]
     divisible_by_16: Tuple[str, ...]
+    # compiler options the JIT launcher uses too (e.g. enable_fp_fusion), from the KernelSpec
+    compile_options: Tuple[Tuple[str, Any], ...] = ()
 
     def source_spec(self, constexprs: Mapping[str, Any]) -> compat.SourceSpec:
         return compat.SourceSpec(arg_names=self.arg_names, types=dict(self.runtime_args),
@@ -112,7 +114,8 @@ def plan_kernel(spec: Any) -> CompilePlan:
                          + "\n  ".join(problems))
     div = tuple(a for a, t in runtime if compat.jit_would_mark_divisible(by_name[a], t))
     return CompilePlan(kernel=name, fn=fn, arg_names=tuple(p.name for p in params),
-                       runtime_args=runtime, constexpr_names=cnames, divisible_by_16=div)
+                       runtime_args=runtime, constexpr_names=cnames, divisible_by_16=div,
+                       compile_options=tuple(getattr(spec, "compile_options", ())))
 
 
 def _fn_name(fn: Any) -> str:
@@ -133,6 +136,12 @@ def _variant_constexprs(plan: CompilePlan, variant: Any) -> Dict[str, int]:
     return {c: int(values[c]) for c in plan.constexpr_names}
 
 
+def compile_options(plan: CompilePlan, variant: Any) -> Dict[str, Any]:
+    """The options ``triton.compile`` gets for ``variant``: what the JIT launcher passes too."""
+    return {"num_warps": int(variant.num_warps), "num_stages": int(variant.num_stages),
+            "num_ctas": 1, **dict(plan.compile_options)}
+
+
 def compile_variant(plan: CompilePlan, variant: Any, arch: int,
                     api: Optional[str] = None) -> Tuple[Dict[str, Any], bytes]:
     """Compiles one variant for one arch: ``(manifest entry, cubin bytes)``."""
@@ -142,8 +151,7 @@ def compile_variant(plan: CompilePlan, variant: Any, arch: int,
     constexprs = _variant_constexprs(plan, variant)
     api = api or compat.detect_api()
     src = compat.make_ast_source(plan.fn, plan.source_spec(constexprs), api)
-    options = {"num_warps": int(variant.num_warps), "num_stages": int(variant.num_stages),
-               "num_ctas": 1}
+    options = compile_options(plan, variant)
     try:
         compiled = triton.compile(src, target=compat.gpu_target(arch), options=options)
     except Exception as exc:  # the compiler's own error, with the variant that caused it

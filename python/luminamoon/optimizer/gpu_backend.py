@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_DTYPE_COMBOS",
     "TritonBackend",
     "TANH_IMPL",
+    "COMPILE_OPTIONS",
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -543,12 +544,25 @@ def _lumina_tdclm_commit_kernel(table, found_inf, ntensors: tl.int32,
 # ----------------------------------------------------------------------------------------------
 
 
+# Compiler options every variant is built with, by the JIT launcher and the AOT builder alike.
+# No floating-point contraction: with division and square root already IEEE-rounded (div_rn,
+# sqrt_rn), each element's arithmetic is then the same sequence of correctly rounded float32
+# operations as the C++ CPU engine (built with -ffp-contract=off) and the reference, so the
+# backends agree to the bit except where tanh's implementations differ. An FMA would change
+# m' = beta1*m + (1-beta1)*g by up to an ulp of its operands, which under cancellation is many
+# ulps of the result and moves bf16 moments by several storage ulps. The kernels are bound by
+# memory, so the separate multiply and add cost no time.
+COMPILE_OPTIONS = {"enable_fp_fusion": False}
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     name: str  # "pass1" | "reduce" | "pass2" | "single_pass" | "commit"
     fn: object  # the @triton.jit function
     args: tuple  # ((arg_name, triton_type_word), ...): runtime arguments in order
     constexprs: tuple  # constexpr parameter names in declaration order
+    # compiler options beyond num_warps/num_stages, as ((name, value), ...): COMPILE_OPTIONS
+    compile_options: tuple = tuple(sorted(COMPILE_OPTIONS.items()))
 
 
 _PASS2_ARGS = (
@@ -597,6 +611,7 @@ COMMIT_WARPS = 4
 # No kernel here has a loop over global memory that software pipelining would help; 1 stage
 # keeps the shared-memory use at 0 (and the same value in the AOT build).
 NUM_STAGES = 1
+
 
 _KEY_LETTERS = {
     "SR": "sr", "BOUND_MODE": "b", "USE_CLIP": "c", "CHECK_FLAG": "f", "NEED_SUM": "n",
@@ -815,7 +830,7 @@ class _Launcher:
                    ck.packed_metadata, None, None, None, *args, *self.cx_values)
             return
         ret = self.fn[(grid,)](*args, **self.cx_kwargs, num_warps=self.variant.num_warps,
-                               num_stages=self.variant.num_stages)
+                               num_stages=self.variant.num_stages, **COMPILE_OPTIONS)
         if self.compiled_kernel is None and ret is not None and hasattr(ret, "asm"):
             self.compiled_kernel = ret
             if (_direct_launch_enabled() and getattr(ret, "function", None) is not None
@@ -961,7 +976,7 @@ class TritonBackend(Backend):
             if lr.numel() != 1:
                 raise ValueError(f"lr must be a float or a one-element tensor, got a tensor of "
                                  f"shape {tuple(lr.shape)}")
-            if (lr.dtype == torch.float32 and lr.device == group.device
+            if (lr.dtype == torch.float32 and _same_device(lr.device, group.device)
                     and lr.data_ptr() % ALIGN_BYTES == 0):
                 arg = lr
             else:
@@ -992,12 +1007,26 @@ def _device_supported(device: torch.device) -> bool:
     return False
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Device equality where an index-less accelerator device means its current index."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        if a.type == "cpu":
+            return True
+        mod = getattr(torch, a.type, None)
+        current = mod.current_device() if mod is not None and hasattr(mod, "current_device") else 0
+        return (a.index if a.index is not None else current) == (
+            b.index if b.index is not None else current)
+    return a.index == b.index
+
+
 def _check_found_inf(found_inf: torch.Tensor, device: torch.device) -> None:
     if not isinstance(found_inf, torch.Tensor) or found_inf.dtype != torch.int32 \
             or found_inf.numel() != 1:
         raise ValueError("found_inf must be a one-element int32 tensor on the group's device, "
                          f"got {found_inf!r}")
-    if found_inf.device != device:
+    if not _same_device(found_inf.device, device):
         raise ValueError(f"found_inf is on {found_inf.device}, the group on {device}; create it "
                          "on the group's device")
     if found_inf.data_ptr() % ALIGN_BYTES:
@@ -1010,7 +1039,7 @@ def _check_tensor(label: str, t: torch.Tensor, device: torch.device, dtype: torc
     """What the kernels need of every element tensor; the message names the fix."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{label} must be a tensor, got {type(t).__name__}")
-    if t.device != device:
+    if not _same_device(t.device, device):
         raise ValueError(f"{label} is on {t.device}, the group on {device}; move it to {device}")
     if t.dtype != dtype:
         raise ValueError(f"{label} has dtype {t.dtype}, the group expects {dtype}")
