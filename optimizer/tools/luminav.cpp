@@ -7,9 +7,11 @@
 //   luminav selftest BUNDLE [--device N] [--steps S]
 //                                            runs the CUDA engine (the bundle's kernels) against
 //                                            the CPU engine on the same inputs
+//   luminav bench BUNDLE|- [options]         cold start and host time per step (bench.cpp)
 //   luminav version
 // Exit codes: 0 ok, 1 failure, 2 usage. Errors print the library's message.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench.h"
 #include "luminav/aot.h"
 #include "luminav/cuda_driver.h"
 #include "luminav/engine.h"
@@ -42,6 +45,7 @@ constexpr const char* kUsage =
     "  selftest BUNDLE [--device N] [--steps S]\n"
     "                                     run each bundled update variant on the GPU and compare\n"
     "                                     with the CPU engine\n"
+    "  bench BUNDLE|- [options]           cold start and host time per step (bench --help)\n"
     "  version                            print versions\n";
 
 struct UsageError {
@@ -585,6 +589,7 @@ int cmd_version() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const auto main_start = std::chrono::steady_clock::now();  // first: bench measures cold start from here
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::cerr << kUsage;
@@ -604,6 +609,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return cmd_inspect(parse_options(args, false, false));
     if (cmd == "verify") return cmd_verify(parse_options(args, false, true));
     if (cmd == "selftest") return cmd_selftest(parse_options(args, true, false));
+    if (cmd == "bench") return luminav::tools::run_bench(args, main_start);
     throw UsageError{"unknown command \"" + cmd + "\""};
   } catch (const UsageError& e) {
     std::cerr << "luminav: " << e.message << "\n" << kUsage;
