@@ -2,7 +2,7 @@
 # Runs on a CUDA machine, from the repository root: builds the native runtime and its Python
 # module, runs the GPU tests, builds an AOT bundle, verifies and self-tests it, and benchmarks.
 # Usage: scripts/gpu/session.sh [stage ...]   (default: every stage)
-# Stages: env build ctest bundle verify pytest bench example
+# Stages: env build bundle ctest verify pytest example bench
 # Logs and results go to $OUT (default ./out). A `.deps/` prefix (headers/libraries the build
 # needs where the system lacks them) is used when present.
 set -u
@@ -14,7 +14,7 @@ JOBS=${JOBS:-$(nproc)}
 BUILD=${BUILD:-build/gpu}
 BUNDLE=${BUNDLE:-build/bundle}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env build ctest bundle verify pytest bench example)
+[ ${#stages[@]} -eq 0 ] && stages=(env build bundle ctest verify pytest example bench)
 status=0
 declare -A result
 
@@ -40,7 +40,7 @@ s_env() {
 s_build() {
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_args[@]}" && cmake --build "$BUILD" -j "$JOBS"
 }
-s_ctest() { (cd "$BUILD" && ctest --output-on-failure -j 8); }
+s_ctest() { (cd "$BUILD" && LUMINAV_TEST_BUNDLE=$PWD/../../$BUNDLE ctest --output-on-failure -j 8); }
 s_bundle() { $PY -m luminamoon.aot build --arch 90 --out "$BUNDLE" --jobs "$JOBS"; }
 s_verify() {
   local cli; cli=$(find "$BUILD" -maxdepth 3 -type f -name luminav -perm -u+x | head -n 1)

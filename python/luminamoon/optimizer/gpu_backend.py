@@ -714,6 +714,7 @@ def variants_for(param_dtype, grad_dtype, state_dtype, hyper: Hyper) -> Dict[str
 
 DEFAULT_DTYPE_COMBOS: List[Tuple[torch.dtype, torch.dtype, torch.dtype]] = [
     (torch.float32, torch.float32, torch.float32),
+    (torch.float32, torch.float32, torch.bfloat16),  # fp32 weights, half-size moments
     (torch.bfloat16, torch.bfloat16, torch.float32),
     (torch.bfloat16, torch.bfloat16, torch.bfloat16),
     (torch.float16, torch.float16, torch.float32),
@@ -1087,7 +1088,7 @@ def _check_group(group: LaunchGroup) -> None:
         for what, lst, dtype in expect:
             _check_tensor(_label(group, what, j), lst[j], dev, dtype, numel)
         s = group.steps[j]
-        if s.device != dev or s.dtype != torch.int64 or s.numel() != 1:
+        if not _same_device(s.device, dev) or s.dtype != torch.int64 or s.numel() != 1:
             raise ValueError(f"{_label(group, 'step', j)} must be a one-element int64 tensor on "
                              f"{dev}, got dtype {s.dtype} on {s.device} with {s.numel()} elements")
         if s.data_ptr() % 8:

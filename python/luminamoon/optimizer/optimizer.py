@@ -55,6 +55,7 @@ class _Plan:
         self.backends = backends
         self.lr_sources = lr_sources  # param-group index of each launch group
         self.grad_sources = grad_sources  # parameters of each launch group, in order
+        self.sharded = False  # any DTensor parameter: grads are read through their local shard
 
 
 class LuminaMoon(torch.optim.Optimizer):
@@ -212,7 +213,15 @@ class LuminaMoon(torch.optim.Optimizer):
     # planning
     # ---------------------------------------------------------------------------------
     def _signature(self) -> tuple:
+        """What the launch plan depends on, computed on every step: keep it cheap.
+
+        Per param group its hyperparameters (lr excluded); per parameter whether it has a
+        gradient and, if so, the parameter's storage address and the gradient's dtype and
+        layout. (A gradient lives on its parameter's device: autograd enforces it.) Local
+        shards are looked up only when the optimizer holds DTensor parameters.
+        """
         parts = []
+        sharded = self._has_dtensor()
         for group in self.param_groups:
             parts.append(_plan_key(group))
             for p in group["params"]:
@@ -220,9 +229,17 @@ class LuminaMoon(torch.optim.Optimizer):
                 if g is None:
                     parts.append(None)
                 else:
-                    parts.append((id(p), local_tensor(p).data_ptr(), g.dtype, g.layout,
-                                  g.device))
+                    ptr = local_tensor(p).data_ptr() if sharded else p.data_ptr()
+                    parts.append((id(p), ptr, g.dtype, g.layout))
         return tuple(parts)
+
+    def _has_dtensor(self) -> bool:
+        count = sum(len(g["params"]) for g in self.param_groups)
+        cached = getattr(self, "_dtensor_census", None)
+        if cached is None or cached[0] != count:
+            cached = (count, any(is_dtensor(p) for g in self.param_groups for p in g["params"]))
+            self._dtensor_census = cached
+        return cached[1]
 
     def _build_plan(self, signature) -> _Plan:
         # 1. Validate everything before touching any state.
@@ -296,7 +313,9 @@ class LuminaMoon(torch.optim.Optimizer):
             for p in created:
                 self.state.pop(p, None)
             raise
-        return _Plan(signature, groups, backends, lr_sources, sources)
+        plan = _Plan(signature, groups, backends, lr_sources, sources)
+        plan.sharded = self._has_dtensor()
+        return plan
 
     def _current_plan(self) -> _Plan:
         signature = self._signature()
@@ -309,7 +328,10 @@ class LuminaMoon(torch.optim.Optimizer):
             if not isinstance(lr, torch.Tensor) and not (math.isfinite(lr) and lr >= 0):
                 raise ValueError(f"lr (param group {gi}) must be >= 0, got {lr!r}")
             launch.lr = lr
-            launch.grads = [local_tensor(p.grad) for p in owners]
+            if plan.sharded:
+                launch.grads = [local_tensor(p.grad) for p in owners]
+            else:
+                launch.grads = [p.grad for p in owners]
         return plan
 
     # ---------------------------------------------------------------------------------
