@@ -495,6 +495,10 @@ class CudaSession final : public Storage {
   CudaSession(const CudaDriverApi& api, int ordinal) : api_(api) {
     int count = 0;
     check(api_, api_.cuDeviceGetCount(&count), "cuDeviceGetCount");
+    if (count == 0) {
+      throw Error(Status::kNotFound, "the CUDA driver sees no device (check nvidia-smi and CUDA_VISIBLE_DEVICES); "
+                                     "`luminav bench - --device cpu` measures the CPU engine");
+    }
     if (ordinal >= count) {
       throw Error(Status::kNotFound, "CUDA device " + std::to_string(ordinal) + " does not exist: the driver sees " +
                                          std::to_string(count) + " device(s); pick --device-index below " +
@@ -794,7 +798,9 @@ Results run_cuda(const BenchOptions& o, const Model& model) {
         "cuDeviceGetAttribute");
   r.device_name = cuda_device_name(*real, session.device(), o.device_index) + " (sm_" + std::to_string(major) +
                   std::to_string(minor) + ", " + std::to_string(sms) + " SMs)";
-  r.driver = std::to_string(real->driver_version / 1000) + "." + std::to_string((real->driver_version % 1000) / 10);
+  r.driver = real->driver_version > 0 ? std::to_string(real->driver_version / 1000) + "." +
+                                            std::to_string((real->driver_version % 1000) / 10)
+                                      : "unknown";
 
   const ModelData data = make_data(session, model, o);
   r.phases.push_back({"data: host RNG fill, cuMemcpyHtoD", Clock::now(), true});
