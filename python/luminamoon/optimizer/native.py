@@ -71,6 +71,10 @@ def _cache_key(group: LaunchGroup, rows: List[tuple]) -> tuple:
     return (tuple(rows), int(group.seed), group.hyper)
 
 
+# The bundle's kernels are compiled with every element pointer declared 16-byte aligned.
+_ALIGN_BYTES = 16
+
+
 def _check_tensors(group: LaunchGroup, backend: str) -> None:
     lists = [("param", group.params), ("grad", group.grads), ("exp_avg", group.exp_avgs),
              ("exp_avg_sq", group.exp_avg_sqs)]
@@ -83,6 +87,11 @@ def _check_tensors(group: LaunchGroup, backend: str) -> None:
             if not t.is_contiguous():
                 raise ValueError(f"{backend} backend: {name} {j} of the group is not contiguous; "
                                  "call .contiguous() on it (the kernels read flat storage)")
+            if backend == "aot" and t.data_ptr() % _ALIGN_BYTES:
+                raise ValueError(f"{backend} backend: {name} {j} starts at address "
+                                 f"{t.data_ptr():#x}, not a multiple of {_ALIGN_BYTES} bytes; "
+                                 "the bundle's kernels read 16-byte vectors (a view into another "
+                                 "tensor's storage can start anywhere): pass .clone() of it")
             if t.numel() != group.params[j].numel():
                 raise ValueError(f"{backend} backend: {name} {j} has {t.numel()} elements, its "
                                  f"parameter {group.params[j].numel()}")
@@ -178,6 +187,10 @@ class _AotState:
                                     _signed64(p0), _signed64(step), numel, starts[j], off, k,
                                     gnumel, 0], dtype=torch.int64)
         self.table = host.to(device)
+        self.static_rows = [r[:1] + r[2:] for r in rows]  # every column but the gradient's
+        self.grad_ptrs = tuple(r[1] for r in rows)
+        self.grads_checked = True
+        self._grad_col_host = None
         self.block_map = torch.repeat_interleave(
             torch.arange(len(rows), dtype=torch.int32),
             torch.tensor(nblocks_per, dtype=torch.int64)).to(device)
@@ -192,9 +205,19 @@ class _AotState:
                                          else torch.cuda.current_device(),
                                          **_hyper_args(group))
 
+    def set_grad_ptrs(self, grad_ptrs: tuple) -> None:
+        """Rewrites the table's GRAD column (asynchronously, from pinned memory)."""
+        col = torch.tensor([_signed64(x) for x in grad_ptrs], dtype=torch.int64)
+        if torch.cuda.is_available():
+            col = col.pin_memory()
+        self._grad_col_host = col  # kept alive until the copy has run
+        self.table[:, 1].copy_(col, non_blocking=True)
+        self.grad_ptrs = grad_ptrs
+
     def lr_ptr(self, lr) -> int:
         if isinstance(lr, torch.Tensor):
-            if lr.device != self.lr.device or lr.dtype != torch.float32 or lr.numel() != 1:
+            if (lr.device != self.lr.device or lr.dtype != torch.float32 or lr.numel() != 1
+                    or lr.data_ptr() % _ALIGN_BYTES):
                 self.lr.copy_(lr.reshape(()).to(torch.float32), non_blocking=True)
                 self.lr_value = None
                 return self.lr.data_ptr()
@@ -230,17 +253,36 @@ class AotBackend(Backend):
                 and group.state_dtype in (torch.float32, torch.bfloat16)
                 and _luminav.has_cuda_driver())
 
-    def _state(self, group: LaunchGroup) -> _AotState:
+    def _state(self, group: LaunchGroup, *, fresh_step: bool = False) -> _AotState:
+        """The group's device tables, built once per launch group.
+
+        Parameters, states, step counters and p_init keep their storage for the life of a
+        launch group (the optimizer makes a new group when any of them moves), so only the
+        gradients are looked at per step: once, at the step's first pass (``fresh_step``).
+        New gradient addresses rewrite the table's gradient column on the stream, with no
+        host synchronisation; anything else rebuilds the state.
+        """
         if group.device.type != "cuda":
             raise ValueError(f"aot backend: the group is on {group.device}; it runs CUDA tensors only")
-        rows = _rows(group)
-        key = _cache_key(group, rows)
         cached = group.cache.get(_AOT_CACHE)
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        if cached is not None and cached[0] == (int(group.seed), group.hyper, len(group)):
+            state = cached[1]
+            if fresh_step or not state.grads_checked:
+                grad_ptrs = tuple(g.data_ptr() for g in group.grads)
+                if grad_ptrs != state.grad_ptrs:
+                    rows = _rows(group)
+                    if state.static_rows != [r[:1] + r[2:] for r in rows]:
+                        return self._build(group, rows)
+                    _check_tensors(group, "aot")
+                    state.set_grad_ptrs(grad_ptrs)
+                state.grads_checked = True
+            return state
+        return self._build(group, _rows(group))
+
+    def _build(self, group: LaunchGroup, rows: List[tuple]) -> _AotState:
         _check_tensors(group, "aot")
         state = _AotState(self, group, rows)
-        group.cache[_AOT_CACHE] = (key, state)
+        group.cache[_AOT_CACHE] = ((int(group.seed), group.hyper, len(group)), state)
         return state
 
     @staticmethod
@@ -248,7 +290,7 @@ class AotBackend(Backend):
         return torch.cuda.current_stream(group.device).cuda_stream
 
     def pass1(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
-        st = self._state(group)
+        st = self._state(group, fresh_step=True)
         stream = self._stream(group)
         st.kernels.pass1(st.table.data_ptr(), st.block_map.data_ptr(), st.nblocks,
                          st.partial_sum.data_ptr(), st.partial_bad.data_ptr(), stream)
@@ -270,3 +312,4 @@ class AotBackend(Backend):
     def commit(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
         st = self._state(group)
         st.kernels.commit(st.table.data_ptr(), found_inf.data_ptr(), len(group), self._stream(group))
+        st.grads_checked = False  # the next step looks at its gradients again
