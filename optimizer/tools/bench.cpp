@@ -43,6 +43,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -659,6 +660,7 @@ struct Phase {
 
 struct Results {
   std::string device_name, driver;
+  int threads = 0;            // CPU engine worker threads (0 on CUDA)
   std::vector<Phase> phases;  // cold start, in order; the last one ends at the first finished step
   double host_us_mean = 0, host_us_median = 0, host_us_max = 0;
   double device_us = std::numeric_limits<double>::quiet_NaN();
@@ -770,7 +772,8 @@ Results run_cpu(const BenchOptions& o, const Model& model) {
   std::vector<double> us = time_host(o.steps, [&] { engine.step(); });
   summarise_host(us, r);
   check_steps_applied(engine, o);
-  r.device_name = cpu_name() + " (" + std::to_string(engine.num_threads()) + " threads)";
+  r.threads = engine.num_threads();
+  r.device_name = cpu_name() + " (" + std::to_string(r.threads) + " threads)";
   return r;
 }
 
@@ -934,7 +937,7 @@ std::vector<std::string> csv_row(const BenchOptions& o, const Model& model, cons
           r.device_name,
           r.driver,
           o.device == DeviceType::kCuda ? std::to_string(o.device_index) : "-",
-          o.device == DeviceType::kCpu ? std::to_string(o.threads) : "-",
+          o.device == DeviceType::kCpu ? std::to_string(r.threads) : "-",
           std::to_string(model.groups.size()),
           std::to_string(model.tensors),
           std::to_string(model.elements),
@@ -993,6 +996,9 @@ int run_bench(const std::vector<std::string>& args, Clock::time_point main_start
     return 2;
   } catch (const Error& e) {
     std::cerr << "luminav bench: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "luminav bench: out of host memory; make the model smaller (--numel, --tensors, --groups)\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "luminav bench: " << e.what() << "\n";
