@@ -215,6 +215,9 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     throw UsageError{"--device cuda needs a BUNDLE folder; build one with `luminamoon aot build --arch <major><minor> "
                      "--out DIR`"};
   }
+  if (o.device == DeviceType::kCuda && o.threads != 0) {
+    throw UsageError{"--threads sets the CPU engine's worker threads; leave it out with --device cuda"};
+  }
   if (!o.shapes.empty() && (have_tensors || have_numel)) {
     throw UsageError{"--shapes gpt2 fixes the tensors and their sizes; leave out --tensors and --numel"};
   }
