@@ -96,7 +96,8 @@ if steps != [1] * len(params) or int(opt.skipped_steps) != 0:
     sys.exit(f"the first step was not applied: steps {steps}, skipped {int(opt.skipped_steps)}")
 print("LUMINAMOON_COLD_START " + json.dumps(dict(
     start=T_START, torch=T_TORCH, imported=T_IMPORT, data=T_DATA, step=T_STEP,
-    backends=sorted({type(b).__name__ for b in opt._plan.backends}))), flush=True)
+    backends=sorted({type(b).__name__
+                     for b in getattr(getattr(opt, "_plan", None), "backends", ())}))), flush=True)
 """
 
 
