@@ -2,7 +2,7 @@
 # Runs on a CUDA machine, from the repository root: builds the native runtime and its Python
 # module, runs the GPU tests, builds an AOT bundle, verifies and self-tests it, and benchmarks.
 # Usage: scripts/gpu/session.sh [stage ...]   (default: every stage)
-# Stages: env build bundle ctest verify pytest example bench
+# Stages: env build bundle ctest verify pytest example bench tune cbench cold
 # Logs and results go to $OUT (default ./out). A `.deps/` prefix (headers/libraries the build
 # needs where the system lacks them) is used when present.
 set -u
@@ -54,6 +54,15 @@ s_example() {
   local ex; ex=$(find "$BUILD" -type f -name 'luminav_train*' -perm -u+x | head -n 1)
   [ -n "$ex" ] && "$ex" --device cuda --bundle "$BUNDLE" && "$ex" --device cpu
 }
+
+s_tune() { $PY benchmarks/tune_launch.py --out "$OUT/tune.csv" ${TUNE_ARGS:-}; }
+s_cbench() {
+  local cli; cli=$(find "$BUILD" -maxdepth 3 -type f -name luminav -perm -u+x | head -n 1)
+  "$cli" bench "$BUNDLE" --shapes gpt2 --dtype fp32 --steps 50 --csv "$OUT/luminav-bench.csv" &&
+  "$cli" bench "$BUNDLE" --shapes gpt2 --dtype bf16 --groups 4 --steps 50 --csv "$OUT/luminav-bench.csv" &&
+  "$cli" bench "$BUNDLE" --tensors 1000 --numel 4096 --steps 50 --csv "$OUT/luminav-bench.csv"
+}
+s_cold() { $PY benchmarks/bench_cold_start.py --bundle "$BUNDLE" --luminav "$(find "$BUILD" -maxdepth 3 -type f -name luminav -perm -u+x | head -n 1)" --repeats 3 --out "$OUT/cold-start.csv"; }
 
 for s in "${stages[@]}"; do run_stage "$s" "s_$s"; done
 echo "=== summary"
