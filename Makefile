@@ -51,7 +51,7 @@ cpp-asan-test: venv
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
 
 pytest: install
-	cd tests && $(VPY) -m pytest -q -ra --rootdir=.. -c ../pyproject.toml .
+	cd tests && LUMINAMOON_REQUIRE_NATIVE=1 $(VPY) -m pytest -q -ra --rootdir=.. -c ../pyproject.toml .
 
 test: cpp-test cpp-asan-test pytest
 
