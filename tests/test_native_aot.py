@@ -60,7 +60,7 @@ def _run(backend, shapes, dtype, state_dtype, case, bundle=None, steps=3, nan_at
 
 
 @pytest.mark.parametrize("case", CASES, ids=["adamw", "clip", "clip-abs-max", "clip-rel-raise"])
-@pytest.mark.parametrize("combo", COMBOS, ids=["fp32", "bf16-fp32", "bf16-bf16"])
+@pytest.mark.parametrize("combo", COMBOS, ids=["fp32", "fp32-bf16", "bf16-fp32", "bf16-bf16"])
 def test_aot_equals_triton_bitwise(bundle, combo, case):
     dtype, _, state_dtype = combo
     shapes = [(6, 42), (123,), (431,), (1,), (0,), (5000,), (2048,)]

@@ -17,10 +17,10 @@ namespace gpu {
 // Launch shapes of gpu_backend.py (ELEMENTWISE_BLOCK/WARPS, REDUCE_RBLOCK/WARPS,
 // COMMIT_TBLOCK/WARPS); the variant keys carry them, so a bundle built with other values is
 // reported as missing a variant rather than launched with the wrong layout.
-constexpr int kBlock = 2048;
-constexpr int kBlockWarps = 8;
-constexpr int kReduceRBlock = 1024;
-constexpr int kReduceWarps = 4;
+constexpr int kBlock = 1024;
+constexpr int kBlockWarps = 4;
+constexpr int kReduceRBlock = 8192;
+constexpr int kReduceWarps = 8;
 constexpr int kCommitTBlock = 1024;
 constexpr int kCommitWarps = 4;
 constexpr int kTableCols = 12;

@@ -595,16 +595,19 @@ KERNEL_SPECS: Dict[str, KernelSpec] = {
         ("CHECK_FLAG", "TBLOCK")),
 }
 
-# Launch shapes. Each pass-1/pass-2 thread handles BLOCK / (32 * num_warps) = 8 elements: two
-# 16-byte vectors of fp32 or one of bf16/fp16 per tensor. Chosen from the vector width; the
-# BLOCK/warps pair is to be measured on H200 (benchmarks/bench_step.py) and may move to 4096/8.
-# Pass 1 and pass 2 of a group must share BLOCK (one block_map), and reduce must know it.
-ELEMENTWISE_BLOCK = 2048
-ELEMENTWISE_WARPS = 8
-# Reduce: one program per tensor sums cdiv(numel, BLOCK) partials in chunks of RBLOCK; 1024 with
-# 4 warps covers a 2M-element tensor in one chunk (to be measured on H200).
-REDUCE_RBLOCK = 1024
-REDUCE_WARPS = 4
+# Launch shapes, measured on an H200 (torch 2.11, Triton 3.6; benchmarks/tune_launch.py, one
+# 256M-element tensor, benchmarks/results/2026-11-29-h200-tune.csv). Pass 1 and pass 2: BLOCK
+# 1024 with 4 warps (8 elements a thread) beat 2048/8, 2048/4, 4096/8 and 1024/8 in every mix:
+# fp32 AdamW mode 4.10 TB/s (2048/8: 3.96), bf16 params with fp32 moments 2.96 TB/s (2048/8:
+# 2.49; that mix is bound by the Philox rounding words, not by memory). Pass 1 and pass 2 of a
+# group must share BLOCK (one block_map), and reduce must know it.
+ELEMENTWISE_BLOCK = 1024
+ELEMENTWISE_WARPS = 4
+# Reduce: one program per tensor sums cdiv(numel, BLOCK) partials in chunks of RBLOCK. 8192 with
+# 8 warps took 2-4 % off the clipped step of the 256M tensor against 1024/4 (fewer dependent
+# chunk loads in the one program that owns the 262144 partials).
+REDUCE_RBLOCK = 8192
+REDUCE_WARPS = 8
 # Commit: one program; 1024 counters per chunk covers the 1000-tiny-tensor case in one pass.
 COMMIT_TBLOCK = 1024
 COMMIT_WARPS = 4
