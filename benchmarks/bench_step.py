@@ -106,7 +106,17 @@ MODES: Dict[str, dict] = {
     "clip": dict(clip=4.0, bound_mode="none", nonfinite="skip"),
     # two passes plus the relative bound (reads p_init)
     "clip-rel": dict(clip=4.0, bound_mode="rel", bound=1.0, nonfinite="skip"),
+    # the AdamW-equivalent step with bf16 stores rounded to nearest (no rounding words)
+    "adamw-rne": dict(clip=0.0, bound_mode="none", nonfinite="propagate",
+                      stochastic_rounding=False),
+    # bf16 moments, as torch.optim.AdamW keeps them for bf16 params: stochastic, and nearest
+    "adamw-bf16m": dict(clip=0.0, bound_mode="none", nonfinite="propagate",
+                        state_dtype=BF16),
+    "adamw-bf16m-rne": dict(clip=0.0, bound_mode="none", nonfinite="propagate",
+                            state_dtype=BF16, stochastic_rounding=False),
 }
+# Modes run by default (the others on request with --modes).
+DEFAULT_MODES = ("adamw", "clip", "clip-rel")
 
 
 def bytes_per_element(param: torch.dtype, grad: torch.dtype, state: torch.dtype,
@@ -195,9 +205,10 @@ def build(impl: str, mode: str, params: List[torch.Tensor]):
     p = params[0]
     if impl.startswith("luminamoon-"):
         hp = dict(MODES[mode])
+        state_dtype = hp.pop("state_dtype", F32)
         opt = LuminaMoon(params, lr=1e-3, weight_decay=0.01, seed=0,
-                         backend=impl.split("-", 1)[1], state_dtype=F32, **hp)
-        return opt, (p.dtype, p.dtype, F32), hp
+                         backend=impl.split("-", 1)[1], state_dtype=state_dtype, **hp)
+        return opt, (p.dtype, p.dtype, state_dtype), hp
     # torch.optim.AdamW keeps its moments in the parameter dtype
     kind = impl.split("-")[-1]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, **{kind: True})
@@ -248,7 +259,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help=f"only {', '.join(sorted(QUICK))}, fewer steps")
     ap.add_argument("--cases", default=None,
                     help="comma-separated case labels (e.g. gpt2-124m/bf16,tiny-1000/fp32)")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES))
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20, quick 8)")
     ap.add_argument("--warmup", type=int, default=3)
