@@ -2,7 +2,7 @@
 # Runs on a CUDA machine, from the repository root: builds the native runtime and its Python
 # module, runs the GPU tests, builds an AOT bundle, verifies and self-tests it, and benchmarks.
 # Usage: scripts/gpu/session.sh [stage ...]   (default: every stage)
-# Stages: env build bundle ctest verify pytest example bench tune cbench cold
+# Stages: env build bundle ctest verify oldbundles pytest example bench tune cbench cold
 # Logs and results go to $OUT (default ./out). A `.deps/` prefix (headers/libraries the build
 # needs where the system lacks them) is used when present.
 set -u
@@ -55,6 +55,17 @@ s_example() {
   [ -n "$ex" ] && "$ex" --device cuda --bundle "$BUNDLE" && "$ex" --device cpu
 }
 
+# Bundles built elsewhere by other Triton releases (0, 1 or 2 trailing scratch pointers): the
+# runtime must load, verify and self-test them with no Triton involved.
+s_oldbundles() {
+  local cli; cli=$(find "$BUILD" -maxdepth 3 -type f -name luminav -perm -u+x | head -n 1)
+  local rc=0 d
+  for d in .bundles/*/; do
+    [ -f "$d/manifest.json" ] || continue
+    echo "--- $d"; "$cli" verify "$d" --require-gpu | tail -n 2 && "$cli" selftest "$d" | tail -n 1 || rc=1
+  done
+  return $rc
+}
 s_tune() { $PY benchmarks/tune_launch.py --out "$OUT/tune.csv" ${TUNE_ARGS:-}; }
 s_cbench() {
   local cli; cli=$(find "$BUILD" -maxdepth 3 -type f -name luminav -perm -u+x | head -n 1)
