@@ -43,6 +43,11 @@ TEST(AotRealBundle, LoadsAndMatchesTheDocumentedKernelAbi) {
   if (!has_bundle()) GTEST_SKIP() << "no bundle at " << bundle_dir() << " (set LUMINAV_TEST_BUNDLE)";
   const AotManifest m = AotManifest::load(bundle_dir());
   ASSERT_FALSE(m.kernels().empty());
+  m.verify_cubins();  // every cubin: a whole ELF image with the recorded hash
+  for (const luminav::KernelMetadata& k : m.kernels()) {
+    EXPECT_TRUE(k.image_verified()) << k.key;
+    EXPECT_EQ(k.image().size(), k.cubin_bytes) << k.key;
+  }
   for (const luminav::KernelMetadata& k : m.kernels()) {
     SCOPED_TRACE(k.key);
     const std::string kind = k.kernel == "single_pass" ? "pass2" : k.kernel;  // same argument list

@@ -1,8 +1,9 @@
-// AotManifest: parsing, validation, cubin verification and variant lookup, on bundles written
-// by the test itself; every corrupt bundle is refused with a message naming file, field,
-// expected and found, and none crashes the process.
+// AotManifest: parsing, validation, cubin verification (on first use, and all at once) and
+// variant lookup, on bundles written by the test itself; every corrupt bundle is refused with a
+// message naming file, field, expected and found, and none crashes the process.
 #include <functional>
 #include <random>
+#include <thread>
 
 #include "aot_fixtures.h"
 
@@ -36,6 +37,20 @@ class ManifestTest : public ::testing::Test {
   std::string manifest_path() const { return dir_.file("manifest.json"); }
   std::string cubin_path() const { return dir_.file(entry_["cubin"].get<std::string>()); }
 
+  // A cubin whose content is bad: the manifest still loads (the cubin is read on first use),
+  // and each way of reading it refuses it with Error(kBundleError) holding every substring:
+  // KernelMetadata::image, AotManifest::verify_cubins and load with CubinCheck::kNow.
+  void expect_cubin_refused(const std::vector<std::string>& substrings) {
+    const AotManifest m = AotManifest::load(dir_.path());
+    ASSERT_EQ(m.kernels().size(), 1u);
+    EXPECT_FALSE(m.kernels()[0].image_verified());
+    expect_error([&] { m.kernels()[0].image(); }, Status::kBundleError, substrings);
+    EXPECT_FALSE(m.kernels()[0].image_verified());
+    expect_error([&] { m.verify_cubins(); }, Status::kBundleError, substrings);
+    expect_error([&] { AotManifest::load(dir_.path(), luminav::CubinCheck::kNow); }, Status::kBundleError,
+                 substrings);
+  }
+
   TempDir dir_;
   json entry_;
 };
@@ -68,11 +83,16 @@ TEST_F(ManifestTest, LoadsAValidBundle) {
   EXPECT_EQ(k.arg_types[6].size, 4u);  // sign fp32
   EXPECT_EQ(k.constexprs.at("BLOCK"), 2048);
   EXPECT_EQ(k.constexprs.at("BOUND_MODE"), 2);
-  // The image held is the file's bytes, and matches the recorded hash.
+  // Loading stats the cubin; its bytes are read on first use: the file's bytes, matching the
+  // recorded hash, and the same buffer on every later call.
   std::ifstream f(cubin_path(), std::ios::binary);
   std::vector<unsigned char> on_disk((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(k.image, on_disk);
-  EXPECT_EQ(luminav::sha256_hex(k.image.data(), k.image.size()), k.sha256);
+  EXPECT_EQ(k.cubin_bytes, on_disk.size());
+  EXPECT_FALSE(k.image_verified());
+  EXPECT_EQ(k.image(), on_disk);
+  EXPECT_TRUE(k.image_verified());
+  EXPECT_EQ(luminav::sha256_hex(k.image().data(), k.image().size()), k.sha256);
+  EXPECT_EQ(&k.image(), &k.image());
   EXPECT_EQ(m.keys(), std::vector<std::string>{kPass2Key});
 }
 
@@ -291,20 +311,85 @@ TEST_F(ManifestTest, RefusesAHashMismatch) {
   const std::string recorded = entry_["sha256"];
   write_bytes(cubin_path(), make_fake_cubin("tampered"));
   const auto now = make_fake_cubin("tampered");
-  expect_error([&] { AotManifest::load(dir_.path()); }, Status::kBundleError,
-               {manifest_path(), "field \"sha256\"", "expected " + recorded,
-                "found " + luminav::sha256_hex(now.data(), now.size()), cubin_path(), "rebuild the bundle"});
+  expect_cubin_refused({manifest_path(), "kernels[0] (key \"" + std::string(kPass2Key) + "\")", "field \"sha256\"",
+                        "expected " + recorded, "found " + luminav::sha256_hex(now.data(), now.size()), cubin_path(),
+                        "rebuild the bundle"});
+  write_bytes(cubin_path(), make_fake_cubin("cubin of " + entry_["cubin"].get<std::string>()));  // the original
   json m = manifest_with({entry_});
   m["kernels"][0]["sha256"] = std::string(64, 'f');
   write_manifest(dir_, m);
-  expect_error([&] { AotManifest::load(dir_.path()); }, Status::kBundleError,
-               {"field \"sha256\"", "expected " + std::string(64, 'f')});
+  expect_cubin_refused({"field \"sha256\"", "expected " + std::string(64, 'f')});
+}
+
+TEST_F(ManifestTest, ARefusedCubinIsReadAgainAndAVerifiedOneIsNot) {
+  const std::vector<unsigned char> good = make_fake_cubin("cubin of " + entry_["cubin"].get<std::string>());
+  write_bytes(cubin_path(), make_fake_cubin("tampered"));
+  const AotManifest m = AotManifest::load(dir_.path());
+  const luminav::KernelMetadata& k = m.kernels()[0];
+  expect_error([&] { k.image(); }, Status::kBundleError, {"field \"sha256\""});
+  // The refusal is not remembered: the repaired file is read and accepted.
+  write_bytes(cubin_path(), good);
+  EXPECT_EQ(k.image(), good);
+  // Once verified, the bytes are held: a later change of the file does not reach the driver.
+  write_bytes(cubin_path(), make_fake_cubin("tampered after the check"));
+  EXPECT_EQ(k.image(), good);
+  m.verify_cubins();  // nothing left to read
+  // A copy of the manifest shares the verified bytes.
+  const AotManifest copy = m;
+  EXPECT_TRUE(copy.kernels()[0].image_verified());
+  EXPECT_EQ(&copy.kernels()[0].image(), &k.image());
+}
+
+TEST_F(ManifestTest, ConcurrentFirstReadsVerifyOnceAndAgree) {
+  const AotManifest m = AotManifest::load(dir_.path());
+  std::vector<const std::vector<unsigned char>*> got(8, nullptr);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    threads.emplace_back([&, i] { got[i] = &m.kernels()[0].image(); });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto* g : got) EXPECT_EQ(g, got[0]);
+  EXPECT_EQ(luminav::sha256_hex(got[0]->data(), got[0]->size()), entry_["sha256"].get<std::string>());
+}
+
+TEST_F(ManifestTest, LoadReadsNoCubinOnlyTheManifest) {
+  // Every cubin but one is replaced by a corrupt file: the manifest loads, and the good one
+  // reads; the others are refused when read.
+  TempDir dir;
+  std::vector<json> entries;
+  for (int arch : {80, 86, 89, 90}) entries.push_back(add_variant(dir, kPass2Key, arch));
+  write_manifest(dir, manifest_with(entries));
+  for (std::size_t i = 1; i < entries.size(); ++i) {
+    write_bytes(dir.file(entries[i]["cubin"].get<std::string>()), make_fake_cubin("corrupt"));
+  }
+  const AotManifest m = AotManifest::load(dir.path());
+  ASSERT_EQ(m.kernels().size(), 4u);
+  for (const auto& k : m.kernels()) EXPECT_FALSE(k.image_verified()) << k.arch;
+  EXPECT_NO_THROW(m.kernels()[0].image());
+  expect_error([&] { m.verify_cubins(); }, Status::kBundleError,
+               {"kernels[1]", "field \"sha256\"", dir.file(entries[1]["cubin"].get<std::string>())});
+  expect_error([&] { AotManifest::load(dir.path(), luminav::CubinCheck::kNow); }, Status::kBundleError,
+               {"kernels[1]", "field \"sha256\""});
 }
 
 TEST_F(ManifestTest, RefusesAMissingCubin) {
   std::filesystem::remove(cubin_path());
   expect_error([&] { AotManifest::load(dir_.path()); }, Status::kBundleError,
                {manifest_path(), "field \"cubin\"", "a readable file \"" + cubin_path() + "\"", "no such file"});
+}
+
+TEST_F(ManifestTest, RefusesACubinRemovedAfterLoadWhenItIsRead) {
+  const AotManifest m = AotManifest::load(dir_.path());
+  std::filesystem::remove(cubin_path());
+  expect_error([&] { m.kernels()[0].image(); }, Status::kBundleError,
+               {manifest_path(), "field \"cubin\"", "a readable file \"" + cubin_path() + "\"", "no such file"});
+}
+
+TEST_F(ManifestTest, RefusesACubinThatIsADirectory) {
+  std::filesystem::remove(cubin_path());
+  std::filesystem::create_directory(cubin_path());
+  expect_error([&] { AotManifest::load(dir_.path()); }, Status::kBundleError,
+               {manifest_path(), "field \"cubin\"", "a regular file \"" + cubin_path() + "\""});
 }
 
 TEST_F(ManifestTest, RefusesAnEmptyCubin) {
@@ -321,15 +406,14 @@ TEST_F(ManifestTest, RefusesATruncatedCubin) {
   for (const std::size_t keep : {full - 1, full - 64, full - 130, std::size_t{70}, std::size_t{40}}) {
     SCOPED_TRACE(keep);
     write_bytes(cubin_path(), std::vector<unsigned char>(bytes.begin(), bytes.begin() + static_cast<long>(keep)));
-    expect_error([&] { AotManifest::load(dir_.path()); }, Status::kBundleError,
-                 {cubin_path(), "(" + std::to_string(keep) + " bytes)", "truncated"});
+    expect_cubin_refused({cubin_path(), "(" + std::to_string(keep) + " bytes)", "truncated"});
   }
 }
 
 TEST_F(ManifestTest, RefusesACubinThatIsNotElf) {
   std::vector<unsigned char> text(200, 'x');
   write_bytes(cubin_path(), text);
-  expect_error([&] { AotManifest::load(dir_.path()); }, Status::kBundleError, {cubin_path(), "not an ELF file"});
+  expect_cubin_refused({cubin_path(), "not an ELF file"});
 }
 
 TEST_F(ManifestTest, RefusesAnElfFileForAnotherMachine) {
@@ -337,8 +421,7 @@ TEST_F(ManifestTest, RefusesAnElfFileForAnotherMachine) {
   bytes[0x12] = 62;  // EM_X86_64
   bytes[0x13] = 0;
   write_bytes(cubin_path(), bytes);
-  expect_error([&] { AotManifest::load(dir_.path()); }, Status::kBundleError,
-               {cubin_path(), "ELF file for machine 62, not a CUDA cubin"});
+  expect_cubin_refused({cubin_path(), "ELF file for machine 62, not a CUDA cubin"});
 }
 
 // Random byte flips, cuts and insertions in the manifest text: each either loads or is refused

@@ -136,7 +136,7 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
 
 void print_header(const AotManifest& m) {
   std::size_t bytes = 0;
-  for (const auto& k : m.kernels()) bytes += k.image.size();
+  for (const auto& k : m.kernels()) bytes += k.cubin_bytes;
   std::cout << m.dir() << ": format " << kAotBundleFormat << " v" << m.format_version() << ", created by "
             << (m.created_by().empty() ? "(unknown)" : m.created_by()) << ", Triton "
             << (m.triton_version().empty() ? "(unknown)" : m.triton_version()) << ", " << m.kernels().size()
@@ -155,7 +155,7 @@ int cmd_inspect(const Options& o) {
     }
     rows.push_back({k.key, k.kernel, sm(k.arch), std::to_string(k.num_warps), std::to_string(k.num_stages),
                     std::to_string(k.shared_mem), std::to_string(k.signature.size()) + "+" +
-                    std::to_string(k.num_trailing_scratch_ptrs), scratch, human_bytes(k.image.size())});
+                    std::to_string(k.num_trailing_scratch_ptrs), scratch, human_bytes(k.cubin_bytes)});
   }
   print_table(rows);
   return 0;
@@ -164,6 +164,21 @@ int cmd_inspect(const Options& o) {
 int cmd_verify(const Options& o) {
   const auto manifest = std::make_shared<const AotManifest>(AotManifest::load(o.bundle));
   print_header(*manifest);
+  // Every cubin now, not only those a step would load: each one's refusal is reported.
+  int bad_cubins = 0;
+  for (const auto& k : manifest->kernels()) {
+    try {
+      (void)k.image();
+    } catch (const Error& e) {
+      ++bad_cubins;
+      std::cout << "FAIL " << k.key << " (" << sm(k.arch) << "): " << e.what() << "\n";
+    }
+  }
+  if (bad_cubins > 0) {
+    std::cout << "FAIL " << bad_cubins << " of " << manifest->kernels().size()
+              << " cubins refused; rebuild the bundle (luminamoon aot build)\n";
+    return 1;
+  }
   std::cout << "ok  schema, sha256 of " << manifest->kernels().size()
             << " cubins, ELF structure, num_params = len(signature) + trailing scratch pointers\n";
   if (!cuda_driver_available()) {

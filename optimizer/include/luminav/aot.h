@@ -35,7 +35,8 @@ struct ArgType {
   static ArgType parse(const std::string& word);
 };
 
-// One compiled kernel variant for one arch: an entry of manifest.json plus its verified cubin.
+// One compiled kernel variant for one arch: an entry of manifest.json, and its cubin (read and
+// verified on first use).
 struct KernelMetadata {
   std::string key;     // variant key, arch-independent (docs/internals.md)
   std::string kernel;  // pass1 | reduce | pass2 | single_pass | commit
@@ -62,8 +63,19 @@ struct KernelMetadata {
   std::int64_t profile_scratch_size = 0;
   std::int64_t profile_scratch_align = 1;
 
-  std::string cubin_path;             // absolute or as given: bundle dir / cubin
-  std::vector<unsigned char> image;   // the cubin's bytes, checked against sha256 at load
+  std::string cubin_path;         // absolute or as given: bundle dir / cubin
+  std::uint64_t cubin_bytes = 0;  // the cubin file's size when the manifest was loaded
+
+  // The cubin's bytes, read and checked on the first call: a whole 64-bit little-endian ELF
+  // image for EM_CUDA (every section, the section and program header tables inside the file)
+  // whose SHA-256 is `sha256`. Later calls return the same bytes without reading the file again.
+  // Thread-safe. Throws Error(kBundleError) naming the manifest, the entry, the cubin file,
+  // expected and found (unreadable, empty, truncated, not ELF, another machine, a hash
+  // mismatch) and the fix; a failed check is not remembered, so a later call reads the file
+  // again. The reference stays valid as long as this metadata (or a copy of it) lives.
+  const std::vector<unsigned char>& image() const;
+  // True once image() has read and verified the cubin.
+  bool image_verified() const noexcept;
 
   int arch_major() const { return arch / 10; }
   int arch_minor() const { return arch % 10; }
@@ -77,22 +89,43 @@ struct KernelMetadata {
   // num_ctas·size; 0 when the size is 0. Throws Error(kInvalidArgument) on overflow.
   std::size_t global_scratch_bytes(unsigned grid_x, unsigned grid_y, unsigned grid_z) const;
   std::size_t profile_scratch_bytes(unsigned grid_x, unsigned grid_y, unsigned grid_z) const;
+
+ private:
+  friend class AotManifest;
+  struct Cubin;                  // the lazily read image, shared by copies of this metadata
+  std::shared_ptr<Cubin> cubin_state_;
 };
 
-// A bundle's manifest with every cubin read and verified. Loading refuses, with
-// Error(kBundleError) naming file, field, expected and found: a missing/unknown format, a
-// format_version newer than kAotBundleFormatVersion (or missing), a missing or mistyped field,
-// an unknown type word, negative sizes, a bad alignment, num_params != len(signature) +
-// num_trailing_scratch_ptrs, a trailing count outside 0..2, a scratch size without its trailing
-// pointer, a duplicate (key, arch), a cubin file missing, empty, truncated, or not matching sha256.
+// When AotManifest::load reads and checks the cubins a manifest names.
+enum class CubinCheck {
+  kOnFirstUse,  // when each kernel is first loaded (KernelMetadata::image): a step reads only the
+                // few cubins it runs, not the whole bundle
+  kNow,         // every cubin at load, as `luminav verify` does
+};
+
+// A bundle's manifest. Loading refuses, with Error(kBundleError) naming file, field, expected
+// and found: a missing/unknown format, a format_version newer than kAotBundleFormatVersion (or
+// missing), a missing or mistyped field, an unknown type word, negative sizes, a bad alignment,
+// num_params != len(signature) + num_trailing_scratch_ptrs, a trailing count outside 0..2, a
+// scratch size without its trailing pointer, a duplicate (key, arch), a cubin file that is
+// missing or empty. A cubin's content (ELF structure, sha256) is checked when it is first read
+// (KernelMetadata::image: by AotRuntime before the kernel's first launch, or by verify_cubins),
+// or at load with CubinCheck::kNow; either way a bad cubin is refused with the same message
+// before it reaches the driver.
 class AotManifest {
  public:
   AotManifest() = default;
-  // Reads <dir>/manifest.json and every cubin it names.
-  static AotManifest load(const std::string& dir);
-  // Parses manifest text; cubin files are read relative to `dir`. `manifest_path` only names
+  // Reads <dir>/manifest.json; each cubin it names must exist and be non-empty (one stat each).
+  // With CubinCheck::kNow every cubin is also read and verified (verify_cubins).
+  static AotManifest load(const std::string& dir, CubinCheck cubins = CubinCheck::kOnFirstUse);
+  // Parses manifest text; cubin files are found relative to `dir`. `manifest_path` only names
   // the file in messages.
-  static AotManifest parse(const std::string& json_text, const std::string& dir, const std::string& manifest_path);
+  static AotManifest parse(const std::string& json_text, const std::string& dir, const std::string& manifest_path,
+                           CubinCheck cubins = CubinCheck::kOnFirstUse);
+
+  // Reads and verifies every cubin (KernelMetadata::image), in manifest order; throws the first
+  // refusal. Cubins already verified are not read again.
+  void verify_cubins() const;
 
   const std::string& dir() const { return dir_; }
   const std::string& manifest_path() const { return manifest_path_; }
@@ -147,14 +180,35 @@ struct DeviceInfo {
   int shared_optin = 0;  // max dynamic shared memory per block after opt-in, bytes
 };
 
+// Makes a context current for a scope when it is not already (one cuCtxGetCurrent; a push only
+// when another context, or none, is current), and restores the caller's at scope end.
+// Throws Error(kDriverError) when the query or the push fails.
+class ScopedContext {
+ public:
+  ScopedContext(const CudaDriverApi& api, CUcontext ctx);
+  ~ScopedContext();
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+  // True when the constructor pushed `ctx` (it was not current).
+  bool pushed() const { return pushed_; }
+
+ private:
+  const CudaDriverApi& api_;
+  bool pushed_ = false;
+};
+
+class KernelLaunch;
+
 // The module cache and launcher the engine's GPU path uses. Thread-safe.
 //   AotRuntime rt(AotManifest::load(dir));
 //   const LoadedKernel& k = rt.get("pass2.p1g1s0.sr1.b2.c1.f1.B2048.w8", device);
 //   rt.launch(k, {nblocks, 1, 1}, {&table, &block_map, ...}, stream);
 // Modules are loaded lazily per (variant, device) into the device's primary context (retained
 // once, released at destruction), which is pushed around loads and launches when it is not
-// already current; the caller's current context is restored. Driver calls go through
-// cuda_driver() as it is when the runtime is constructed.
+// already current; the caller's current context is restored. A cubin is read and verified
+// (KernelMetadata::image) when its kernel is first loaded, before the driver sees it. Driver
+// calls go through cuda_driver() as it is when the runtime is constructed. A hot path that
+// launches the same kernels with the same arguments every step binds them once (KernelLaunch).
 class AotRuntime {
  public:
   explicit AotRuntime(AotManifest manifest);
@@ -176,28 +230,38 @@ class AotRuntime {
   // kBundleError / kDriverError from load().
   const LoadedKernel& get(const std::string& key, int device_ordinal);
 
-  // Loads one entry of manifest() on a device (cached). Refuses, before any launch: a cubin the
-  // device cannot run (kBundleError naming both archs), num_ctas != 1, a module the driver
-  // rejects, a missing entry symbol, a parameter count or size (cuFuncGetParamInfo, where the
-  // driver has it) that disagrees with the manifest, more threads or shared memory than the
-  // function/device allows.
+  // Loads one entry of manifest() on a device (cached). Refuses, before any launch: a cubin that
+  // fails its check (KernelMetadata::image: unreadable, truncated, not matching sha256), a
+  // cubin the device cannot run (kBundleError naming both archs), num_ctas != 1, a module the
+  // driver rejects, a missing entry symbol, a parameter count or size (cuFuncGetParamInfo,
+  // where the driver has it) that disagrees with the manifest, more threads or shared memory
+  // than the function/device allows.
   const LoadedKernel& load(const KernelMetadata& meta, int device_ordinal);
 
   // Launches on `stream` (a stream of the device's primary context, or null for its default
   // stream): grid as given, block num_warps·warp_size threads, shared_mem bytes of dynamic
-  // shared memory, kernelParams from pack_triton_abi_args. `user_arg_ptrs` holds one pointer per
-  // signature entry, each at a value of that type's size (8-byte CUdeviceptr for pointers).
-  // Scratch buffers, when a kernel needs them, are allocated on the first launch of a
-  // (kernel, grid, stream) and reused afterwards (warm up before graph capture). A grid with a
-  // zero dimension launches nothing. Throws kInvalidArgument for a wrong argument count, a null
-  // argument pointer or a grid beyond the driver's limits; kDriverError when the launch fails.
+  // shared memory, kernelParams as pack_triton_abi_args lays them out. `user_arg_ptrs` holds
+  // one pointer per signature entry, each at a value of that type's size (8-byte CUdeviceptr
+  // for pointers). Scratch buffers, when a kernel needs them, are allocated on the first launch
+  // of a (kernel, grid, stream) and reused afterwards (warm up before graph capture). A grid
+  // with a zero dimension launches nothing. Throws kInvalidArgument for a wrong argument count,
+  // a null argument pointer or a grid beyond the driver's limits; kDriverError when the launch
+  // fails. Allocates nothing on the host for kernels of up to kInlineKernelParams parameters.
   void launch(const LoadedKernel& kernel, LaunchGrid grid, const std::vector<void*>& user_arg_ptrs,
+              CUstream stream);
+  // The same with `count` argument pointers at `user_arg_ptrs`.
+  void launch(const LoadedKernel& kernel, LaunchGrid grid, void* const* user_arg_ptrs, std::size_t count,
               CUstream stream);
 
   // Every (variant, device) loaded so far.
   std::size_t loaded_count() const;
 
+  // kernelParams entries (user arguments + trailing scratch pointers) launch() packs on the
+  // stack; a kernel with more takes one host allocation per launch.
+  static constexpr std::size_t kInlineKernelParams = 32;
+
  private:
+  friend class KernelLaunch;
   struct DeviceState;
   struct ScratchKey {
     const LoadedKernel* kernel;
@@ -212,6 +276,12 @@ class AotRuntime {
   DeviceState& device_state_locked(int device_ordinal);
   const LoadedKernel& load_locked(const KernelMetadata& meta, DeviceState& ds);
   const Scratch* scratch_for(const LoadedKernel& kernel, LaunchGrid grid, CUstream stream);
+  // The checks launch() makes before packing; returns false for an empty grid.
+  static bool check_launch(const LoadedKernel& kernel, LaunchGrid grid, void* const* user_arg_ptrs,
+                           std::size_t count);
+  // cuLaunchKernel with the kernel's block and shared memory; throws kDriverError naming the
+  // kernel and the grid when it fails.
+  void enqueue(const LoadedKernel& kernel, LaunchGrid grid, void** params, CUstream stream) const;
 
   std::shared_ptr<const AotManifest> manifest_;
   const CudaDriverApi* api_;
@@ -221,6 +291,61 @@ class AotRuntime {
   std::map<std::pair<std::string, int>, const LoadedKernel*> by_key_;
   std::map<ScratchKey, std::unique_ptr<Scratch>> scratch_;
   int device_count_ = -1;
+};
+
+// One launch of a loaded kernel with its grid and arguments bound once: the argument values are
+// copied into storage the object owns and kernelParams is packed once, so launch() makes one
+// driver call (cuLaunchKernel) and takes no lock, looks nothing up and allocates nothing
+// (except for a kernel that needs scratch memory, whose buffers come from the runtime as for
+// AotRuntime::launch). For a hot path that launches the same kernels step after step:
+//   KernelLaunch commit(rt, rt.get(key, device), {1, 1, 1}, {&table, &found_inf, &ntensors});
+//   { ScopedContext ctx(rt.driver(), commit.kernel().context); commit.launch(stream); }
+// Movable, not copyable; the runtime must outlive it.
+class KernelLaunch {
+ public:
+  KernelLaunch() = default;
+  // `user_arg_ptrs` as for AotRuntime::launch; each value (the size its signature type has) is
+  // copied. Throws as AotRuntime::launch's checks do.
+  KernelLaunch(AotRuntime& runtime, const LoadedKernel& kernel, LaunchGrid grid,
+               const std::vector<const void*>& user_arg_ptrs);
+  KernelLaunch(AotRuntime& runtime, const LoadedKernel& kernel, LaunchGrid grid, const void* const* user_arg_ptrs,
+               std::size_t count);
+
+  bool bound() const { return kernel_ != nullptr; }
+  const LoadedKernel& kernel() const;
+  LaunchGrid grid() const { return grid_; }
+
+  // Replaces the value of user argument `index`. Throws Error(kInvalidArgument) for an index
+  // past the signature or a value of another size than the argument's type.
+  template <typename T>
+  void set(std::size_t index, const T& value) {
+    set_bytes(index, &value, sizeof(T));
+  }
+  // The current value of user argument `index`, as bound or set (sizeof(T) must match).
+  template <typename T>
+  T get(std::size_t index) const {
+    T value;
+    get_bytes(index, &value, sizeof(T));
+    return value;
+  }
+
+  // Enqueues the launch on `stream`. The kernel's context (kernel().context) must be current on
+  // the calling thread (a ScopedContext around a batch of launches); launch() does not check.
+  // A grid with a zero dimension launches nothing. Throws kDriverError when the launch fails,
+  // kInvalidArgument when nothing is bound.
+  void launch(CUstream stream);
+
+ private:
+  void set_bytes(std::size_t index, const void* value, std::size_t size);
+  void get_bytes(std::size_t index, void* value, std::size_t size) const;
+
+  AotRuntime* runtime_ = nullptr;
+  const LoadedKernel* kernel_ = nullptr;
+  LaunchGrid grid_;
+  bool needs_scratch_ = false;
+  std::vector<std::uint64_t> values_;  // one 8-byte slot per user argument
+  std::vector<void*> params_;          // kernelParams: into values_, then the trailing scratch slots
+  std::vector<CUdeviceptr> scratch_;   // the trailing scratch pointers' values (global, profile)
 };
 
 }  // namespace luminav

@@ -1,12 +1,17 @@
 // The AOT bundle manifest (format "luminamoon-aot-bundle", format_version 1): parsing,
-// validation, cubin verification, and variant lookup by (key, device arch).
+// validation, cubin verification (on first use, or all at once), and variant lookup by
+// (key, device arch).
 #include <openssl/evp.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -16,6 +21,14 @@
 #include "luminav/error.h"
 
 namespace luminav {
+
+struct KernelMetadata::Cubin {
+  std::string manifest_path, place;  // where the entry sits, for messages
+  std::string path, sha256;
+  std::mutex mutex;                  // held while the file is read and checked
+  std::atomic<bool> verified{false};
+  std::vector<unsigned char> bytes;  // written once, under `mutex`, before `verified`
+};
 
 namespace {
 
@@ -178,6 +191,42 @@ void check_elf(const Where& where, const std::string& path, const std::vector<un
   }
 }
 
+[[noreturn]] void fail_missing_cubin(const Where& w, const std::string& path, int err) {
+  w.fail("cubin", "a readable file \"" + path + "\"",
+         "no such file (" + std::string(std::strerror(err)) + "); rebuild the bundle (luminamoon aot build)");
+}
+
+[[noreturn]] void fail_empty_cubin(const Where& w, const std::string& path) {
+  w.fail_text("cubin \"" + path + "\" is empty (0 bytes); rebuild the bundle (luminamoon aot build)");
+}
+
+// The size of a cubin file, which must exist, be a regular file, and not be empty.
+std::uint64_t stat_cubin(const Where& w, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail_missing_cubin(w, path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    w.fail("cubin", "a regular file \"" + path + "\"", "something else (a directory or a device); rebuild the "
+           "bundle (luminamoon aot build)");
+  }
+  if (st.st_size == 0) fail_empty_cubin(w, path);
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+// Reads a cubin and checks it is a whole ELF image with the recorded hash.
+std::vector<unsigned char> read_verified_cubin(const Where& w, const std::string& path, const std::string& sha256) {
+  std::vector<unsigned char> image;
+  if (!read_file(path, image)) fail_missing_cubin(w, path, errno);
+  if (image.empty()) fail_empty_cubin(w, path);
+  check_elf(w, path, image);
+  const std::string digest = sha256_hex(image.data(), image.size());
+  if (digest != sha256) {
+    w.fail("sha256", sha256 + " (as recorded)", digest + " for \"" + path + "\" (" + std::to_string(image.size()) +
+           " bytes): the cubin was modified or the manifest belongs to another build; rebuild the bundle "
+           "(luminamoon aot build)");
+  }
+  return image;
+}
+
 KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string& manifest_path,
                             const std::string& dir) {
   std::string place = "kernels[" + std::to_string(index) + "]";
@@ -278,22 +327,10 @@ KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string&
            ", which needs the profile_scratch parameter)", std::to_string(m.num_trailing_scratch_ptrs));
   }
 
-  // The cubin: present, non-empty, a whole ELF image, and the bytes the manifest hashed.
+  // The cubin: present and non-empty now (one stat); its bytes are read and checked when the
+  // kernel is first loaded (KernelMetadata::image), so a step reads only the cubins it runs.
   m.cubin_path = join_path(dir, m.cubin);
-  if (!read_file(m.cubin_path, m.image)) {
-    w.fail("cubin", "a readable file \"" + m.cubin_path + "\"",
-           "no such file (" + std::string(std::strerror(errno)) + "); rebuild the bundle (luminamoon aot build)");
-  }
-  if (m.image.empty()) {
-    w.fail_text("cubin \"" + m.cubin_path + "\" is empty (0 bytes); rebuild the bundle (luminamoon aot build)");
-  }
-  check_elf(w, m.cubin_path, m.image);
-  const std::string digest = sha256_hex(m.image.data(), m.image.size());
-  if (digest != m.sha256) {
-    w.fail("sha256", m.sha256 + " (as recorded)", digest + " for \"" + m.cubin_path + "\" (" +
-           std::to_string(m.image.size()) + " bytes): the cubin was modified or the manifest belongs to "
-           "another build; rebuild the bundle (luminamoon aot build)");
-  }
+  m.cubin_bytes = stat_cubin(w, m.cubin_path);
   return m;
 }
 
@@ -316,6 +353,25 @@ std::size_t scratch_bytes(std::int64_t size, int num_ctas, unsigned x, unsigned 
 }
 
 }  // namespace
+
+const std::vector<unsigned char>& KernelMetadata::image() const {
+  if (!cubin_state_) {
+    throw Error(Status::kInvalidArgument, "the kernel metadata of key \"" + key +
+                                              "\" was not read from a manifest (AotManifest::load): it has no cubin");
+  }
+  Cubin& c = *cubin_state_;
+  if (c.verified.load(std::memory_order_acquire)) return c.bytes;
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (!c.verified.load(std::memory_order_relaxed)) {
+    c.bytes = read_verified_cubin(Where(c.manifest_path, c.place), c.path, c.sha256);
+    c.verified.store(true, std::memory_order_release);
+  }
+  return c.bytes;
+}
+
+bool KernelMetadata::image_verified() const noexcept {
+  return cubin_state_ != nullptr && cubin_state_->verified.load(std::memory_order_acquire);
+}
 
 std::string sha256_hex(const void* data, std::size_t size) {
   unsigned char md[EVP_MAX_MD_SIZE];
@@ -372,7 +428,7 @@ std::size_t KernelMetadata::profile_scratch_bytes(unsigned grid_x, unsigned grid
   return scratch_bytes(profile_scratch_size, num_ctas, grid_x, grid_y, grid_z, "profile scratch");
 }
 
-AotManifest AotManifest::load(const std::string& dir) {
+AotManifest AotManifest::load(const std::string& dir, CubinCheck cubins) {
   const std::string path = join_path(dir, "manifest.json");
   std::ifstream f(path, std::ios::binary);
   if (!f) {
@@ -382,10 +438,11 @@ AotManifest AotManifest::load(const std::string& dir) {
   }
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse(ss.str(), dir, path);
+  return parse(ss.str(), dir, path, cubins);
 }
 
-AotManifest AotManifest::parse(const std::string& json_text, const std::string& dir, const std::string& manifest_path) {
+AotManifest AotManifest::parse(const std::string& json_text, const std::string& dir, const std::string& manifest_path,
+                               CubinCheck cubins) {
   const Where top(manifest_path, "");
   if (json_text.empty()) top.fail_text("the manifest is empty (0 bytes); rebuild the bundle (luminamoon aot build)");
   json doc;
@@ -422,6 +479,11 @@ AotManifest AotManifest::parse(const std::string& json_text, const std::string& 
     std::set<std::pair<std::string, int>> seen;
     for (std::size_t i = 0; i < kernels.size(); ++i) {
       KernelMetadata m = parse_kernel(kernels[i], i, manifest_path, dir);
+      m.cubin_state_ = std::make_shared<KernelMetadata::Cubin>();
+      m.cubin_state_->manifest_path = manifest_path;
+      m.cubin_state_->place = "kernels[" + std::to_string(i) + "] (key \"" + m.key + "\")";  // as parse_kernel names it
+      m.cubin_state_->path = m.cubin_path;
+      m.cubin_state_->sha256 = m.sha256;
       if (!seen.insert({m.key, m.arch}).second) {
         Where(manifest_path, "kernels[" + std::to_string(i) + "]")
             .fail("key", "one entry per (key, arch)", "a second \"" + m.key + "\" for arch " + std::to_string(m.arch));
@@ -433,7 +495,12 @@ AotManifest AotManifest::parse(const std::string& json_text, const std::string& 
     // never escape as anything but a bundle error.
     top.fail_text(std::string("malformed manifest (") + e.what() + ")");
   }
+  if (cubins == CubinCheck::kNow) out.verify_cubins();
   return out;
+}
+
+void AotManifest::verify_cubins() const {
+  for (const KernelMetadata& m : kernels_) (void)m.image();
 }
 
 const KernelMetadata* AotManifest::find(const std::string& key, int arch_major, int arch_minor) const noexcept {
