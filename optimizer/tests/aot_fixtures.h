@@ -96,19 +96,45 @@ inline std::vector<std::string> pass2_signature() {
   return {"*i64", "*i32", "*fp32", "*i32", "*fp32", "i64", "fp32", "fp32", "fp32", "fp32", "fp32", "fp32", "fp32"};
 }
 
+// A kernel of docs/internals.md: its kind, Triton name (also the cubin's .entry) and user
+// arguments (names and type words).
+struct KernelSpec {
+  std::string kernel, name;
+  std::vector<std::string> arg_names, signature;
+};
+
+inline KernelSpec kernel_spec(const std::string& kernel) {
+  if (kernel == "pass1") {
+    return {kernel, "_lumina_tdclm_pass1_kernel",
+            {"table", "block_map", "partial_sum", "partial_bad", "seed", "sign", "beta1", "beta2", "eps"},
+            {"*i64", "*i32", "*fp32", "*i32", "i64", "fp32", "fp32", "fp32", "fp32"}};
+  }
+  if (kernel == "reduce") {
+    return {kernel, "_lumina_tdclm_reduce_kernel",
+            {"table", "partial_sum", "partial_bad", "stats", "found_inf", "ntensors"},
+            {"*i64", "*fp32", "*i32", "*fp32", "*i32", "i32"}};
+  }
+  if (kernel == "single_pass") return {kernel, "_lumina_adamw_single_pass_kernel", pass2_arg_names(), pass2_signature()};
+  if (kernel == "commit") {
+    return {kernel, "_lumina_tdclm_commit_kernel", {"table", "found_inf", "ntensors"}, {"*i64", "*i32", "i32"}};
+  }
+  return {"pass2", "_lumina_tdclm_pass2_kernel", pass2_arg_names(), pass2_signature()};
+}
+
 // Writes a cubin into `dir` and returns a manifest entry for it (Triton 3.5+ ABI: 2 trailing
-// scratch pointers).
-inline json add_variant(const TempDir& dir, const std::string& key, int arch, const std::string& payload = "") {
+// scratch pointers), for the kernel `spec` (pass 2 unless given).
+inline json add_variant(const TempDir& dir, const std::string& key, int arch, const std::string& payload = "",
+                        const KernelSpec& spec = kernel_spec("pass2")) {
   const std::string cubin_name = key + ".sm" + std::to_string(arch) + ".cubin";
   const auto bytes = make_fake_cubin(payload.empty() ? "cubin of " + cubin_name : payload);
   write_bytes(dir.file(cubin_name), bytes);
-  const auto names = pass2_arg_names();
-  const auto sig = pass2_signature();
+  const auto& names = spec.arg_names;
+  const auto& sig = spec.signature;
   json e = {
       {"key", key},
-      {"kernel", "pass2"},
-      {"name", "_lumina_tdclm_pass2_kernel"},
-      {"entry", "_lumina_tdclm_pass2_kernel"},
+      {"kernel", spec.kernel},
+      {"name", spec.name},
+      {"entry", spec.name},
       {"cubin", cubin_name},
       {"sha256", luminav::sha256_hex(bytes.data(), bytes.size())},
       {"target", {{"backend", "cuda"}, {"arch", arch}, {"warp_size", 32}}},
@@ -179,6 +205,7 @@ struct FakeState {
   std::vector<luminav::CUdeviceptr> freed;
   luminav::CUdeviceptr next_address = 0x7f0000000100ull;  // 256-aligned, not 512-aligned
   std::vector<luminav::CUcontext> ctx_stack;  // top = current
+  int ctx_queries = 0, ctx_pushes = 0;         // cuCtxGetCurrent, cuCtxPushCurrent calls
   std::vector<LaunchRecord> launches;
   std::size_t n_user_args = 13;  // how many kernelParams entries are user arguments
   int n_trailing = 2;
@@ -250,11 +277,13 @@ inline CUresult primary_release(CUdevice) {
 }
 inline CUresult ctx_get_current(CUcontext* c) {
   std::lock_guard<std::mutex> l(fake().mu);
+  ++fake().ctx_queries;
   *c = fake().ctx_stack.empty() ? nullptr : fake().ctx_stack.back();
   return CUDA_SUCCESS;
 }
 inline CUresult ctx_push(CUcontext c) {
   std::lock_guard<std::mutex> l(fake().mu);
+  ++fake().ctx_pushes;
   fake().ctx_stack.push_back(c);
   return CUDA_SUCCESS;
 }
@@ -281,11 +310,15 @@ inline CUresult module_unload(CUmodule) {
   ++fake().module_unloads;
   return CUDA_SUCCESS;
 }
+// The function of entries[i] is fake_function(i).
+inline CUfunction fake_function(std::size_t i) {
+  static char fn[32];
+  return reinterpret_cast<CUfunction>(&fn[i % 32]);
+}
 inline CUresult module_get_function(CUfunction* f, CUmodule, const char* name) {
-  for (const std::string& e : fake().entries) {
-    if (e == name) {
-      static char fn[1];
-      *f = reinterpret_cast<CUfunction>(&fn[0]);
+  for (std::size_t i = 0; i < fake().entries.size(); ++i) {
+    if (fake().entries[i] == name) {
+      *f = fake_function(i);
       return CUDA_SUCCESS;
     }
   }
@@ -396,6 +429,7 @@ class FakeDriverFixture : public ::testing::Test {
     s.freed.clear();
     s.next_address = 0x7f0000000100ull;
     s.ctx_stack.clear();
+    s.ctx_queries = s.ctx_pushes = 0;
     s.launches.clear();
     s.n_user_args = 13;
     s.n_trailing = 2;

@@ -40,12 +40,14 @@ TEST_F(ModuleCacheTest, LoadsLazilyOncePerDeviceInThePrimaryContext) {
     AotRuntime rt(bundle({90}));
     EXPECT_EQ(rt.loaded_count(), 0u);
     EXPECT_EQ(fake().module_loads, 0);
+    EXPECT_FALSE(rt.manifest().kernels()[0].image_verified());  // read when first loaded, not before
     const LoadedKernel& k = rt.get(kPass2Key, 0);
+    EXPECT_TRUE(rt.manifest().kernels()[0].image_verified());
     EXPECT_EQ(rt.loaded_count(), 1u);
     EXPECT_EQ(fake().module_loads, 1);
     // The driver got the bytes the manifest verified, not a second read of the file.
     ASSERT_EQ(fake().loaded_images.size(), 1u);
-    EXPECT_EQ(fake().loaded_images[0], static_cast<const void*>(rt.manifest().kernels()[0].image.data()));
+    EXPECT_EQ(fake().loaded_images[0], static_cast<const void*>(rt.manifest().kernels()[0].image().data()));
     EXPECT_EQ(k.meta, &rt.manifest().kernels()[0]);
     EXPECT_EQ(k.device, 0);
     EXPECT_EQ(k.context, fake_primary_ctx(0));

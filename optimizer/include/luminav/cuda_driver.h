@@ -38,6 +38,7 @@ using CUdevice_attribute = int;
 using CUfunction_attribute = int;
 using CUpointer_attribute = int;
 using CUstreamCaptureMode = int;
+using CUstreamCaptureStatus = int;
 
 // The values of cuda.h that luminav uses.
 constexpr CUresult CUDA_SUCCESS = 0;
@@ -69,6 +70,9 @@ constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
 constexpr CUstreamCaptureMode CU_STREAM_CAPTURE_MODE_GLOBAL = 0;
 constexpr CUstreamCaptureMode CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
 constexpr CUstreamCaptureMode CU_STREAM_CAPTURE_MODE_RELAXED = 2;
+constexpr CUstreamCaptureStatus CU_STREAM_CAPTURE_STATUS_NONE = 0;
+constexpr CUstreamCaptureStatus CU_STREAM_CAPTURE_STATUS_ACTIVE = 1;
+constexpr CUstreamCaptureStatus CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2;
 constexpr unsigned int CU_STREAM_DEFAULT = 0;
 constexpr unsigned int CU_STREAM_NON_BLOCKING = 1;
 constexpr unsigned int CU_EVENT_DEFAULT = 0;
@@ -132,6 +136,8 @@ constexpr unsigned int CU_EVENT_DISABLE_TIMING = 2;
   X(cuStreamBeginCapture, "cuStreamBeginCapture", "cuStreamBeginCapture_v2", 10010, true,                \
     (CUstream, CUstreamCaptureMode))                                                                     \
   X(cuStreamEndCapture, "cuStreamEndCapture", "cuStreamEndCapture", 10000, true, (CUstream, CUgraph*))   \
+  X(cuStreamIsCapturing, "cuStreamIsCapturing", "cuStreamIsCapturing", 10000, true,                      \
+    (CUstream, CUstreamCaptureStatus*))                                                                  \
   X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags", 11040,    \
     true, (CUgraphExec*, CUgraph, unsigned long long))                                                   \
   X(cuGraphLaunch, "cuGraphLaunch", "cuGraphLaunch", 10000, true, (CUgraphExec, CUstream))               \
@@ -193,6 +199,11 @@ class ScopedDriverOverride {
 // "<symbol> failed: CUDA_ERROR_X (<code>): <error string> [while <context>]". The name and
 // string come from the table's cuGetErrorName/cuGetErrorString.
 void check(const CudaDriverApi& api, CUresult result, const char* symbol, const std::string& context = "");
+// The same with a context that is a C string: nothing is built unless the call failed (for hot
+// paths, where a std::string argument would be built, and maybe allocated, on every call).
+inline void check(const CudaDriverApi& api, CUresult result, const char* symbol, const char* context) {
+  if (result != CUDA_SUCCESS) check(api, result, symbol, std::string(context != nullptr ? context : ""));
+}
 // The same, with the table of cuda_driver().
 void check(CUresult result, const char* symbol, const std::string& context = "");
 

@@ -1,5 +1,6 @@
 // AotRuntime: loads a bundle's cubins per device (lazily, cached) and launches them with
 // Triton's kernel ABI.
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -10,31 +11,6 @@ namespace luminav {
 
 namespace {
 
-// Makes `ctx` current for a scope when it is not already, and restores the caller's context.
-class ContextGuard {
- public:
-  ContextGuard(const CudaDriverApi& api, CUcontext ctx) : api_(api) {
-    CUcontext current = nullptr;
-    check(api_, api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-    if (current != ctx) {
-      check(api_, api_.cuCtxPushCurrent(ctx), "cuCtxPushCurrent", "making the device's primary context current");
-      pushed_ = true;
-    }
-  }
-  ~ContextGuard() {
-    if (pushed_) {
-      CUcontext popped = nullptr;
-      api_.cuCtxPopCurrent(&popped);  // a failure here cannot be reported from a destructor
-    }
-  }
-  ContextGuard(const ContextGuard&) = delete;
-  ContextGuard& operator=(const ContextGuard&) = delete;
-
- private:
-  const CudaDriverApi& api_;
-  bool pushed_ = false;
-};
-
 std::string sm(int arch) { return "sm_" + std::to_string(arch); }
 
 std::string describe_variant(const KernelMetadata& m) {
@@ -42,6 +18,22 @@ std::string describe_variant(const KernelMetadata& m) {
 }
 
 }  // namespace
+
+ScopedContext::ScopedContext(const CudaDriverApi& api, CUcontext ctx) : api_(api) {
+  CUcontext current = nullptr;
+  check(api_, api_.cuCtxGetCurrent(&current), "cuCtxGetCurrent", "");
+  if (current != ctx) {
+    check(api_, api_.cuCtxPushCurrent(ctx), "cuCtxPushCurrent", "making the device's primary context current");
+    pushed_ = true;
+  }
+}
+
+ScopedContext::~ScopedContext() {
+  if (pushed_) {
+    CUcontext popped = nullptr;
+    api_.cuCtxPopCurrent(&popped);  // a failure here cannot be reported from a destructor
+  }
+}
 
 struct AotRuntime::DeviceState {
   DeviceInfo info;
@@ -183,9 +175,11 @@ const LoadedKernel& AotRuntime::load_locked(const KernelMetadata& meta, DeviceSt
                     "; rebuild the variant with a smaller block or fewer stages");
   }
 
-  ContextGuard ctx(api, ds.primary);
+  // The cubin is read and verified here, the first time its kernel is loaded.
+  const std::vector<unsigned char>& image = meta.image();
+  ScopedContext ctx(api, ds.primary);
   CUmodule module = nullptr;
-  check(api, api.cuModuleLoadData(&module, meta.image.data()), "cuModuleLoadData", "loading " + what + " on " + dev);
+  check(api, api.cuModuleLoadData(&module, image.data()), "cuModuleLoadData", "loading " + what + " on " + dev);
   // From here on a refusal must unload the module again.
   struct ModuleGuard {
     const CudaDriverApi& api;
@@ -284,7 +278,7 @@ const AotRuntime::Scratch* AotRuntime::scratch_for(const LoadedKernel& kernel, L
   if (it != scratch_.end()) return it->second.get();
 
   const CudaDriverApi& api = *api_;
-  ContextGuard ctx(api, kernel.context);
+  ScopedContext ctx(api, kernel.context);
   auto s = std::make_unique<Scratch>();
   // cuMemAlloc returns 256-byte aligned memory; a larger alignment is met by over-allocating.
   constexpr std::int64_t kDriverAlign = 256;
@@ -316,18 +310,24 @@ const AotRuntime::Scratch* AotRuntime::scratch_for(const LoadedKernel& kernel, L
   return ref;
 }
 
-void AotRuntime::launch(const LoadedKernel& kernel, LaunchGrid grid, const std::vector<void*>& user_arg_ptrs,
-                        CUstream stream) {
+bool AotRuntime::check_launch(const LoadedKernel& kernel, LaunchGrid grid, void* const* user_arg_ptrs,
+                              std::size_t count) {
   if (kernel.meta == nullptr || kernel.function == nullptr) {
     throw Error(Status::kInvalidArgument, "AotRuntime::launch: the kernel was not loaded by AotRuntime::get/load");
   }
   const KernelMetadata& meta = *kernel.meta;
-  if (user_arg_ptrs.size() != meta.signature.size()) {
+  if (count != meta.signature.size()) {
     std::string names;
     for (std::size_t i = 0; i < meta.arg_names.size(); ++i) names += (i ? ", " : "") + meta.arg_names[i];
     throw Error(Status::kInvalidArgument, "launching \"" + meta.key + "\": expected " +
                                               std::to_string(meta.signature.size()) + " argument pointers (" + names +
-                                              "), got " + std::to_string(user_arg_ptrs.size()));
+                                              "), got " + std::to_string(count));
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    if (user_arg_ptrs[i] == nullptr) {
+      throw Error(Status::kInvalidArgument, "kernel argument " + std::to_string(i) +
+                                                " is a null pointer; each entry must point at the argument's value");
+    }
   }
   if (!meta.runs_on(kernel.device_cc_major, kernel.device_cc_minor)) {
     throw Error(Status::kBundleError, describe_variant(meta) + " cannot run on device " +
@@ -335,26 +335,22 @@ void AotRuntime::launch(const LoadedKernel& kernel, LaunchGrid grid, const std::
                                           std::to_string(kernel.device_cc_major) + "." +
                                           std::to_string(kernel.device_cc_minor) + ")");
   }
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to run, as Triton's launcher
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return false;  // nothing to run, as Triton's launcher
   constexpr unsigned kMaxGridX = 2147483647u, kMaxGridYZ = 65535u;
   if (grid.x > kMaxGridX || grid.y > kMaxGridYZ || grid.z > kMaxGridYZ) {
     throw Error(Status::kInvalidArgument,
                 "launching \"" + meta.key + "\": grid (" + std::to_string(grid.x) + ", " + std::to_string(grid.y) +
                     ", " + std::to_string(grid.z) + ") exceeds the driver's limits (x <= 2^31-1, y and z <= 65535)");
   }
-  const Scratch* scratch = nullptr;
-  if (meta.global_scratch_size > 0 || meta.profile_scratch_size > 0) scratch = scratch_for(kernel, grid, stream);
-  const std::vector<void*> params =
-      pack_triton_abi_args(user_arg_ptrs, meta.num_trailing_scratch_ptrs,
-                           scratch != nullptr && scratch->global != 0 ? &scratch->global : nullptr,
-                           scratch != nullptr && scratch->profile != 0 ? &scratch->profile : nullptr);
+  return true;
+}
 
+void AotRuntime::enqueue(const LoadedKernel& kernel, LaunchGrid grid, void** params, CUstream stream) const {
+  const KernelMetadata& meta = *kernel.meta;
   const CudaDriverApi& api = *api_;
-  ContextGuard ctx(api, kernel.context);
   const CUresult r = api.cuLaunchKernel(kernel.function, grid.x, grid.y, grid.z,
                                         static_cast<unsigned>(meta.block_threads()), 1, 1,
-                                        static_cast<unsigned>(meta.shared_mem), stream,
-                                        const_cast<void**>(params.data()), nullptr);
+                                        static_cast<unsigned>(meta.shared_mem), stream, params, nullptr);
   if (r != CUDA_SUCCESS) {
     check(api, r, "cuLaunchKernel",
           "launching \"" + meta.entry + "\" (key \"" + meta.key + "\", " + sm(meta.arch) + ") on device " +
@@ -362,6 +358,107 @@ void AotRuntime::launch(const LoadedKernel& kernel, LaunchGrid grid, const std::
               ", " + std::to_string(grid.z) + "), block " + std::to_string(meta.block_threads()) + ", shared " +
               std::to_string(meta.shared_mem) + " bytes");
   }
+}
+
+void AotRuntime::launch(const LoadedKernel& kernel, LaunchGrid grid, const std::vector<void*>& user_arg_ptrs,
+                        CUstream stream) {
+  launch(kernel, grid, user_arg_ptrs.data(), user_arg_ptrs.size(), stream);
+}
+
+void AotRuntime::launch(const LoadedKernel& kernel, LaunchGrid grid, void* const* user_arg_ptrs, std::size_t count,
+                        CUstream stream) {
+  if (!check_launch(kernel, grid, user_arg_ptrs, count)) return;
+  const KernelMetadata& meta = *kernel.meta;
+  const Scratch* scratch = nullptr;
+  if (meta.global_scratch_size > 0 || meta.profile_scratch_size > 0) scratch = scratch_for(kernel, grid, stream);
+  // kernelParams as pack_triton_abi_args lays it out: the user arguments, then the trailing
+  // scratch pointers (each at its buffer's address, or at TRITON_NULL_SCRATCH).
+  const std::size_t trailing = static_cast<std::size_t>(meta.num_trailing_scratch_ptrs);
+  const std::size_t n = count + trailing;
+  void* inline_params[kInlineKernelParams];
+  std::vector<void*> heap_params;
+  void** params = inline_params;
+  if (n > kInlineKernelParams) {
+    heap_params.resize(n);
+    params = heap_params.data();
+  }
+  for (std::size_t i = 0; i < count; ++i) params[i] = user_arg_ptrs[i];
+  auto slot = [](const CUdeviceptr* p) {
+    return const_cast<void*>(static_cast<const void*>(p != nullptr ? p : &TRITON_NULL_SCRATCH));
+  };
+  if (trailing >= 1) params[count] = slot(scratch != nullptr && scratch->global != 0 ? &scratch->global : nullptr);
+  if (trailing >= 2) {
+    params[count + 1] = slot(scratch != nullptr && scratch->profile != 0 ? &scratch->profile : nullptr);
+  }
+  ScopedContext ctx(*api_, kernel.context);
+  enqueue(kernel, grid, params, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// KernelLaunch
+
+KernelLaunch::KernelLaunch(AotRuntime& runtime, const LoadedKernel& kernel, LaunchGrid grid,
+                           const std::vector<const void*>& user_arg_ptrs)
+    : KernelLaunch(runtime, kernel, grid, user_arg_ptrs.data(), user_arg_ptrs.size()) {}
+
+KernelLaunch::KernelLaunch(AotRuntime& runtime, const LoadedKernel& kernel, LaunchGrid grid,
+                           const void* const* user_arg_ptrs, std::size_t count)
+    : runtime_(&runtime), grid_(grid) {
+  // The same checks as AotRuntime::launch, once.
+  AotRuntime::check_launch(kernel, grid, const_cast<void* const*>(user_arg_ptrs), count);
+  const KernelMetadata& meta = *kernel.meta;
+  values_.assign(count, 0);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::memcpy(&values_[i], user_arg_ptrs[i], meta.arg_types[i].size);
+  }
+  const std::size_t trailing = static_cast<std::size_t>(meta.num_trailing_scratch_ptrs);
+  scratch_.assign(2, TRITON_NULL_SCRATCH);
+  params_.resize(count + trailing);
+  for (std::size_t i = 0; i < count; ++i) params_[i] = &values_[i];
+  for (std::size_t t = 0; t < trailing; ++t) params_[count + t] = &scratch_[t];
+  needs_scratch_ = meta.global_scratch_size > 0 || meta.profile_scratch_size > 0;
+  kernel_ = &kernel;
+}
+
+const LoadedKernel& KernelLaunch::kernel() const {
+  if (kernel_ == nullptr) throw Error(Status::kInvalidArgument, "KernelLaunch: no kernel is bound");
+  return *kernel_;
+}
+
+void KernelLaunch::set_bytes(std::size_t index, const void* value, std::size_t size) {
+  const KernelMetadata& meta = *kernel().meta;
+  if (index >= values_.size() || meta.arg_types[index].size != size) {
+    throw Error(Status::kInvalidArgument,
+                "KernelLaunch::set of \"" + meta.key + "\": argument " + std::to_string(index) +
+                    (index < values_.size() ? " (\"" + meta.arg_names[index] + "\", " + meta.signature[index] + ") is " +
+                                                  std::to_string(meta.arg_types[index].size) + " bytes, got a value of " +
+                                                  std::to_string(size)
+                                            : " does not exist: the kernel takes " + std::to_string(values_.size())));
+  }
+  values_[index] = 0;
+  std::memcpy(&values_[index], value, size);
+}
+
+void KernelLaunch::get_bytes(std::size_t index, void* value, std::size_t size) const {
+  const KernelMetadata& meta = *kernel().meta;
+  if (index >= values_.size() || meta.arg_types[index].size != size) {
+    throw Error(Status::kInvalidArgument, "KernelLaunch::get of \"" + meta.key + "\": argument " +
+                                              std::to_string(index) + " does not exist or is not " +
+                                              std::to_string(size) + " bytes");
+  }
+  std::memcpy(value, &values_[index], size);
+}
+
+void KernelLaunch::launch(CUstream stream) {
+  const LoadedKernel& k = kernel();
+  if (grid_.x == 0 || grid_.y == 0 || grid_.z == 0) return;
+  if (needs_scratch_) {
+    // Scratch buffers per (kernel, grid, stream), from the runtime's cache (a lock and a lookup).
+    const AotRuntime::Scratch* s = runtime_->scratch_for(k, grid_, stream);
+    scratch_[0] = s->global;
+    scratch_[1] = s->profile;
+  }
+  runtime_->enqueue(k, grid_, params_.data(), stream);
 }
 
 }  // namespace luminav

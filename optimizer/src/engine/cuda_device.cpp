@@ -1,15 +1,34 @@
 // The engine on a CUDA device: the AOT bundle's kernels launched on the caller's stream.
 //
-// Per launch group, built at the first step after the group's rows change (cuMemAlloc +
-// cuMemcpyHtoD): the table, the block map, partial sums/flags, stats, and the group's lr as a
-// device float32 written with cuMemsetD32Async only when its bits change. Device-wide: the
-// step's found_inf, a scratch flag for the pass 1 of groups that do not skip (their non-finite
-// gradients must not skip anyone else's step), and an applied-step counter advanced by the
-// bundle's commit kernel (CHECK_FLAG = 1) so that the skipped-step count needs no host sync:
-// skipped = (steps that had a skipping group) - applied. After the first step, step() allocates
-// nothing and never synchronises (except nonfinite='raise', which must read the flag on the
-// host), so it can be captured in a CUDA graph.
+// Per launch group, built before the first step after the group's rows change (cuMemAlloc +
+// cuMemcpyHtoD): the table, the block map, partial sums/flags, stats, the group's lr as a
+// device float32 written with cuMemsetD32Async only when its bits change, and its launches with
+// every argument bound once (gpu::BoundGroupLaunches). Device-wide: the applied-step counter and
+// the step flags (below).
+//
+// The skipped-step count needs no launch of its own and no host sync: the table of the first
+// group that skips on non-finite gradients has one extra row, NUMEL 0, whose STEP column points
+// at the engine's applied-step counter. A row without elements owns no program of pass 1 or
+// pass 2 and is outside the reduce grid, so only that group's commit sees it, and commit adds
+// 1 - found_inf to it as to every tensor's counter. skipped = (steps that had a skipping
+// group) - applied.
+//
+// Step flags: found_inf (a skipping group saw a non-finite gradient) and, next to it, the flag
+// the reduce of a group that does not skip raises (its non-finite gradients must not skip
+// anyone else's step; nothing reads it). Each step needs a zeroed pair. Eager steps take the
+// next pair of a ring of kFlagSlots, and the whole ring is zeroed by one cuMemsetD32Async when
+// the step wraps to its first pair: every earlier step that used a pair is before the memset
+// in stream order. A step enqueued while the stream is being captured into a CUDA graph
+// zeroes a pair of its own (the graph then zeroes it at every replay); that pair is outside the
+// ring.
+//
+// Per step, then: one cuCtxGetCurrent (a push only when the primary context is not current),
+// one cuStreamIsCapturing, the launches (pass 1 and reduce where needed, pass 2, commit), and a
+// cuMemsetD32Async only every kFlagSlots steps or when lr changed. After the first step,
+// step() allocates nothing and never synchronises (except nonfinite='raise', which must read
+// the flag on the host), so it can be captured in a CUDA graph.
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,46 +43,35 @@ namespace engine_detail {
 
 namespace {
 
-// Makes the device's primary context current for the scope, restoring the previous one.
-class ContextScope {
- public:
-  ContextScope(const CudaDriverApi& api, CUcontext ctx) : api_(api) {
-    check(api_, api_.cuCtxGetCurrent(&previous_), "cuCtxGetCurrent");
-    if (previous_ != ctx) {
-      check(api_, api_.cuCtxPushCurrent(ctx), "cuCtxPushCurrent");
-      pushed_ = true;
-    }
-  }
-  ~ContextScope() {
-    if (pushed_) {
-      CUcontext popped = nullptr;
-      api_.cuCtxPopCurrent(&popped);
-    }
-  }
-  ContextScope(const ContextScope&) = delete;
-  ContextScope& operator=(const ContextScope&) = delete;
-
- private:
-  const CudaDriverApi& api_;
-  CUcontext previous_ = nullptr;
-  bool pushed_ = false;
-};
-
 CUdeviceptr dptr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)); }
+void* hptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
+
+// Flag pairs in the ring: one memset per kFlagSlots eager steps (512 bytes of device memory).
+constexpr std::size_t kFlagSlots = 64;
+constexpr std::size_t kFlagPairBytes = 8;  // found_inf, then the non-skipping groups' flag (int32 each)
 
 struct GroupCache {
   Device* device = nullptr;  // frees `buffers` when the group's rows are rebuilt
   std::vector<CUdeviceptr> buffers;
   ~GroupCache() {
-    for (CUdeviceptr p : buffers) device->release(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)));
+    // The launches go first; then the buffers they point at.
+    probe.reset();
+    launches.reset();
+    for (CUdeviceptr p : buffers) device->release(hptr(p));
   }
   std::unique_ptr<gpu::GroupKernels> kernels;
-  CUdeviceptr table = 0, block_map = 0, partial_sum = 0, partial_bad = 0, stats = 0, lr = 0;
-  std::int64_t nblocks = 0;
+  gpu::GroupBuffers buf;
+  std::unique_ptr<gpu::BoundGroupLaunches> launches;
+  bool counts_applied = false;  // the table's last row is the engine's applied-step counter
   std::uint32_t lr_bits = 0;
   bool lr_written = false;
   std::vector<std::int32_t> host_block_map;  // for naming the offending tensor under 'raise'
+  // nonfinite='raise': pass 1 as a skipping group runs it, to find a non-finite gradient.
+  std::unique_ptr<gpu::GroupKernels> probe_kernels;
+  std::unique_ptr<gpu::BoundGroupLaunches> probe;
 };
+
+constexpr std::size_t kNoGroup = std::numeric_limits<std::size_t>::max();
 
 class CudaDevice final : public Device {
  public:
@@ -76,20 +84,22 @@ class CudaDevice final : public Device {
     check(api_, api_.cuDevicePrimaryCtxRetain(&ctx_, dev), "cuDevicePrimaryCtxRetain");
     dev_ = dev;
     try {
-      found_inf_ = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(alloc(16)));
-      scratch_flag_ = found_inf_ + 4;
-      applied_ = found_inf_ + 8;
+      // [applied-step counter int64][capture flag pair][ring of kFlagSlots flag pairs], zeroed.
+      flags_ = dptr(alloc(8 + kFlagPairBytes + kFlagSlots * kFlagPairBytes));
+      applied_ = flags_;
+      capture_pair_ = flags_ + 8;
+      ring_ = flags_ + 8 + kFlagPairBytes;
     } catch (...) {
       api_.cuDevicePrimaryCtxRelease(dev_);
       throw;
     }
   }
   ~CudaDevice() override {
-    {
-      ContextScope scope(api_, ctx_);
+    try {
+      ScopedContext scope(api_, ctx_);
       api_.cuCtxSynchronize();
-      for (CUdeviceptr p : owned_) api_.cuMemFree(p);
-      api_.cuMemFree(found_inf_);
+      api_.cuMemFree(flags_);
+    } catch (...) {
     }
     api_.cuDevicePrimaryCtxRelease(dev_);
   }
@@ -97,7 +107,7 @@ class CudaDevice final : public Device {
   DeviceType type() const override { return DeviceType::kCuda; }
 
   void* alloc(std::size_t bytes) override {
-    ContextScope scope(api_, ctx_);
+    ScopedContext scope(api_, ctx_);
     CUdeviceptr p = 0;
     check(api_, api_.cuMemAlloc(&p, bytes), "cuMemAlloc", std::to_string(bytes) + " bytes on device " + std::to_string(index_));
     CUresult r = api_.cuMemsetD8Async(p, 0, bytes, nullptr);
@@ -106,48 +116,59 @@ class CudaDevice final : public Device {
       api_.cuMemFree(p);
       check(api_, r, "cuMemsetD8Async", "zeroing a new allocation");
     }
-    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
+    return hptr(p);
   }
   void release(void* p) noexcept override {
     if (!p) return;
     try {
-      ContextScope scope(api_, ctx_);
+      ScopedContext scope(api_, ctx_);
       api_.cuCtxSynchronize();
       api_.cuMemFree(dptr(p));
     } catch (...) {
     }
   }
   void to_host(void* dst, const void* src, std::size_t bytes) override {
-    ContextScope scope(api_, ctx_);
+    ScopedContext scope(api_, ctx_);
     check(api_, api_.cuCtxSynchronize(), "cuCtxSynchronize", "before reading device memory");
     check(api_, api_.cuMemcpyDtoH(dst, dptr(src), bytes), "cuMemcpyDtoH");
   }
   void from_host(void* dst, const void* src, std::size_t bytes) override {
-    ContextScope scope(api_, ctx_);
+    ScopedContext scope(api_, ctx_);
     check(api_, api_.cuCtxSynchronize(), "cuCtxSynchronize", "before writing device memory");
     check(api_, api_.cuMemcpyHtoD(dptr(dst), src, bytes), "cuMemcpyHtoD");
     check(api_, api_.cuCtxSynchronize(), "cuCtxSynchronize", "after writing device memory");
   }
   void copy(void* dst, const void* src, std::size_t bytes, void* stream) override {
-    ContextScope scope(api_, ctx_);
+    ScopedContext scope(api_, ctx_);
     check(api_, api_.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, static_cast<CUstream>(stream)), "cuMemcpyDtoDAsync");
   }
 
+  void prepare(std::vector<LaunchGroup>& groups) override {
+    if (caches_ready(groups)) return;  // the usual case: no driver call
+    ScopedContext scope(api_, ctx_);
+    prepare_caches(groups);
+  }
+
   void check_nonfinite(std::vector<LaunchGroup>& groups, void* stream_ptr) override {
-    ContextScope scope(api_, ctx_);
+    ScopedContext scope(api_, ctx_);
     const auto stream = static_cast<CUstream>(stream_ptr);
+    prepare_caches(groups);
     for (auto& g : groups) {
       if (g.cfg.hyper.nonfinite != NonFinite::kRaise || g.rows.empty()) continue;
-      // Pass 1 without the sum (NEED_SUM = 0 when clip == 0) and the reduce, into the scratch
-      // flag; then the partial flags on the host name the first offending tensor.
-      GroupConfig probe = g.cfg;
-      probe.hyper.nonfinite = NonFinite::kSkip;  // the variants a checking group runs
-      GroupCache& c = cache(g);
-      gpu::GroupKernels kernels(rt_, index_, probe);
-      kernels.pass1(c.table, c.block_map, c.nblocks, c.partial_sum, c.partial_bad, stream);
+      // Pass 1 without the sum (NEED_SUM = 0 when clip == 0), as a skipping group runs it; then
+      // the partial flags on the host name the first offending tensor.
+      GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
+      if (!c.probe) {
+        GroupConfig probe = g.cfg;
+        probe.hyper.nonfinite = NonFinite::kSkip;  // the variants a checking group runs
+        c.probe_kernels = std::make_unique<gpu::GroupKernels>(rt_, index_, probe);
+        c.probe = std::make_unique<gpu::BoundGroupLaunches>(*c.probe_kernels, c.buf, ring_, ring_ + 4);
+      }
+      c.probe->set_seed(g.cfg.seed);
+      c.probe->pass1(stream);
       check(api_, api_.cuStreamSynchronize(stream), "cuStreamSynchronize", "nonfinite='raise' reads the flag on the host");
-      std::vector<std::int32_t> bad(static_cast<std::size_t>(c.nblocks));
-      if (!bad.empty()) check(api_, api_.cuMemcpyDtoH(bad.data(), c.partial_bad, bad.size() * 4), "cuMemcpyDtoH");
+      std::vector<std::int32_t> bad(static_cast<std::size_t>(c.buf.nblocks));
+      if (!bad.empty()) check(api_, api_.cuMemcpyDtoH(bad.data(), c.buf.partial_bad, bad.size() * 4), "cuMemcpyDtoH");
       for (std::size_t b = 0; b < bad.size(); ++b) {
         if (bad[b]) throw Error(Status::kNonFinite, nonfinite_message(g, static_cast<std::size_t>(c.host_block_map[b])));
       }
@@ -155,92 +176,133 @@ class CudaDevice final : public Device {
   }
 
   void step(std::vector<LaunchGroup>& groups, void* stream_ptr) override {
-    ContextScope scope(api_, ctx_);
+    ScopedContext scope(api_, ctx_);
     const auto stream = static_cast<CUstream>(stream_ptr);
-    bool any_check = false;
-    for (auto& g : groups) {
-      cache(g);  // first step after a change: tables and kernels (allocates, loads)
-      any_check = any_check || g.cfg.check_flag();
+    const bool any_check = prepare_caches(groups) != kNoGroup;  // first step after a change: allocates, loads
+
+    // This step's flag pair (see the top of the file).
+    CUdeviceptr pair = 0;
+    if (may_be_capturing(stream)) {
+      check(api_, api_.cuMemsetD32Async(capture_pair_, 0, 2, stream), "cuMemsetD32Async", "the step's flags");
+      pair = capture_pair_;
+    } else {
+      if (ring_next_ == 0) {
+        check(api_, api_.cuMemsetD32Async(ring_, 0, 2 * kFlagSlots, stream), "cuMemsetD32Async", "the step flags' ring");
+      }
+      pair = ring_ + ring_next_ * kFlagPairBytes;
+      ring_next_ = (ring_next_ + 1) % kFlagSlots;
     }
-    if (any_check && !applied_kernel_) {
-      applied_kernel_ = &rt_->get(gpu::commit_key(true), index_);
-      applied_row_.assign(gpu::kTableCols, 0);
-      applied_row_[5] = static_cast<std::int64_t>(applied_);
-      applied_table_ = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(alloc(gpu::kTableCols * 8)));
-      owned_.push_back(applied_table_);
-      check(api_, api_.cuMemcpyHtoD(applied_table_, applied_row_.data(), gpu::kTableCols * 8), "cuMemcpyHtoD");
-    }
-    check(api_, api_.cuMemsetD32Async(found_inf_, 0, 2, stream), "cuMemsetD32Async", "found_inf");
+    const CUdeviceptr found_inf = pair, other_flag = pair + 4;
+
     for (auto& g : groups) {
-      GroupCache& c = cache(g);
+      GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
       std::uint32_t bits;
       std::memcpy(&bits, &g.lr, 4);
       if (!c.lr_written || bits != c.lr_bits) {
-        check(api_, api_.cuMemsetD32Async(c.lr, bits, 1, stream), "cuMemsetD32Async", "lr");
+        check(api_, api_.cuMemsetD32Async(c.buf.lr, bits, 1, stream), "cuMemsetD32Async", "lr");
         c.lr_bits = bits;
         c.lr_written = true;
       }
+      c.launches->set_flags(found_inf, g.cfg.check_flag() ? found_inf : other_flag);
+      c.launches->set_seed(g.cfg.seed);
     }
     for (auto& g : groups) {
-      if (!g.cfg.needs_pass1()) continue;
-      GroupCache& c = cache(g);
-      const CUdeviceptr flag = g.cfg.check_flag() ? found_inf_ : scratch_flag_;
-      c.kernels->pass1(c.table, c.block_map, c.nblocks, c.partial_sum, c.partial_bad, stream);
-      c.kernels->reduce(c.table, c.partial_sum, c.partial_bad, c.stats, flag, static_cast<std::int32_t>(g.rows.size()), stream);
+      GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
+      if (!c.launches->has_pass1()) continue;
+      c.launches->pass1(stream);
+      c.launches->reduce(stream);
     }
-    for (auto& g : groups) {
-      GroupCache& c = cache(g);
-      c.kernels->update(c.table, c.block_map, c.nblocks, c.stats, found_inf_, c.lr, stream);
-    }
-    for (auto& g : groups) {
-      GroupCache& c = cache(g);
-      c.kernels->commit(c.table, found_inf_, static_cast<std::int32_t>(g.rows.size()), stream);
-    }
-    if (any_check) {
-      std::int32_t one = 1;
-      CUdeviceptr flag = found_inf_;
-      rt_->launch(*applied_kernel_, {1, 1, 1}, {&applied_table_, &flag, &one}, stream);
-      ++checked_steps_;
-    }
+    for (auto& g : groups) static_cast<GroupCache*>(g.cache.get())->launches->update(stream);
+    for (auto& g : groups) static_cast<GroupCache*>(g.cache.get())->launches->commit(stream);
+    if (any_check) ++checked_steps_;
   }
 
   std::int64_t skipped() override {
     std::int64_t applied = 0;
-    to_host(&applied, reinterpret_cast<void*>(static_cast<std::uintptr_t>(applied_)), 8);
+    to_host(&applied, hptr(applied_), 8);
     return checked_steps_ - applied;
   }
   void set_skipped(std::int64_t value) override {
     const std::int64_t zero = 0;
-    from_host(reinterpret_cast<void*>(static_cast<std::uintptr_t>(applied_)), &zero, 8);
+    from_host(hptr(applied_), &zero, 8);
     checked_steps_ = value;
   }
 
  private:
-  GroupCache& cache(LaunchGroup& g) {
-    if (g.cache) return *static_cast<GroupCache*>(g.cache.get());
+  // False only when the driver says the stream is not being captured.
+  bool may_be_capturing(CUstream stream) const {
+    if (api_.cuStreamIsCapturing == nullptr) return true;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return api_.cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
+
+  // True when every group's cache is built as prepare_caches would build it.
+  static bool caches_ready(const std::vector<LaunchGroup>& groups) {
+    bool counting_seen = false;
+    for (const LaunchGroup& g : groups) {
+      const bool counts = !counting_seen && g.cfg.check_flag();
+      counting_seen = counting_seen || counts;
+      if (!g.cache || static_cast<const GroupCache*>(g.cache.get())->counts_applied != counts) return false;
+    }
+    return true;
+  }
+
+  // Builds what each group lacks (tables, kernels, bound launches); the primary context must be
+  // current. Returns the index of the group that counts applied steps (the first that skips
+  // on non-finite gradients), or kNoGroup.
+  std::size_t prepare_caches(std::vector<LaunchGroup>& groups) {
+    std::size_t counting = kNoGroup;
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (counting == kNoGroup && groups[i].cfg.check_flag()) counting = i;
+      LaunchGroup& g = groups[i];
+      const bool counts = i == counting;
+      if (g.cache && static_cast<GroupCache*>(g.cache.get())->counts_applied == counts) continue;
+      g.cache.reset();
+      g.cache = build_cache(g, counts);
+    }
+    return counting;
+  }
+
+  std::shared_ptr<GroupCache> build_cache(const LaunchGroup& g, bool counts_applied) {
     auto c = std::make_shared<GroupCache>();
     c->device = this;
+    // Loads (and verifies) every kernel the group runs before anything is allocated.
     c->kernels = std::make_unique<gpu::GroupKernels>(rt_, index_, g.cfg);
-    const gpu::HostTables t = gpu::build_tables(g.rows.data(), g.rows.size());
-    c->nblocks = t.nblocks;
+    const std::size_t n = g.rows.size();
+    if (n + 1 > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+      throw Error(Status::kInvalidArgument, "a launch group of " + std::to_string(n) +
+                                                " tensors is more than the kernels' int32 count takes; split the "
+                                                "parameters over groups");
+    }
+    gpu::HostTables t = gpu::build_tables(g.rows.data(), n);
+    if (counts_applied) {
+      // The applied-step counter's row: no elements, no programs; commit advances its STEP.
+      const std::size_t row = t.table.size();
+      t.table.resize(row + gpu::kTableCols, 0);
+      t.table[row + 5] = static_cast<std::int64_t>(applied_);
+    }
+    c->counts_applied = counts_applied;
     c->host_block_map = t.block_map;
     auto grab = [&](std::size_t bytes) {
       CUdeviceptr p = dptr(alloc(bytes < 16 ? 16 : bytes));
       c->buffers.push_back(p);
       return p;
     };
-    const std::size_t n = g.rows.size();
     const std::size_t nb = static_cast<std::size_t>(t.nblocks);
-    c->table = grab(t.table.size() * 8);
-    c->block_map = grab(nb * 4);
-    c->partial_sum = grab(nb * 4);
-    c->partial_bad = grab(nb * 4);
-    c->stats = grab(n * 4);
-    c->lr = grab(4);
-    if (!t.table.empty()) check(api_, api_.cuMemcpyHtoD(c->table, t.table.data(), t.table.size() * 8), "cuMemcpyHtoD", "table");
-    if (nb) check(api_, api_.cuMemcpyHtoD(c->block_map, t.block_map.data(), nb * 4), "cuMemcpyHtoD", "block_map");
-    g.cache = c;
-    return *c;
+    gpu::GroupBuffers& b = c->buf;
+    b.table = grab(t.table.size() * 8);
+    b.block_map = grab(nb * 4);
+    b.partial_sum = grab(nb * 4);
+    b.partial_bad = grab(nb * 4);
+    b.stats = grab(n * 4);
+    b.lr = grab(4);
+    b.nblocks = t.nblocks;
+    b.ntensors = static_cast<std::int32_t>(n);
+    b.commit_rows = static_cast<std::int32_t>(n + (counts_applied ? 1 : 0));
+    if (!t.table.empty()) check(api_, api_.cuMemcpyHtoD(b.table, t.table.data(), t.table.size() * 8), "cuMemcpyHtoD", "table");
+    if (nb) check(api_, api_.cuMemcpyHtoD(b.block_map, t.block_map.data(), nb * 4), "cuMemcpyHtoD", "block_map");
+    c->launches = std::make_unique<gpu::BoundGroupLaunches>(*c->kernels, b, ring_, ring_ + 4);
+    return c;
   }
 
   const CudaDriverApi& api_;
@@ -248,12 +310,9 @@ class CudaDevice final : public Device {
   int index_;
   CUdevice dev_ = 0;
   CUcontext ctx_ = nullptr;
-  CUdeviceptr found_inf_ = 0, scratch_flag_ = 0, applied_ = 0;
-  const LoadedKernel* applied_kernel_ = nullptr;
-  std::vector<std::int64_t> applied_row_;
-  CUdeviceptr applied_table_ = 0;
+  CUdeviceptr flags_ = 0, applied_ = 0, capture_pair_ = 0, ring_ = 0;
+  std::size_t ring_next_ = 0;  // the ring's next unused pair; 0: the ring is zeroed first
   std::int64_t checked_steps_ = 0;
-  std::vector<CUdeviceptr> owned_;
 };
 
 }  // namespace

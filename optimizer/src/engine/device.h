@@ -38,6 +38,11 @@ class Device {
   virtual void to_host(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void from_host(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, std::size_t bytes, void* stream) = 0;
+  // Builds what a step of these groups needs on the device (tables, loaded and verified
+  // kernels), so that a bad bundle or a failed allocation is refused before the step enqueues
+  // anything. Called by Engine::step first; step() and check_nonfinite() build whatever is
+  // still missing themselves.
+  virtual void prepare(std::vector<LaunchGroup>& groups) { (void)groups; }
   // Throws Error(kNonFinite) naming the first parameter of a nonfinite='raise' group whose
   // gradient has a non-finite element; writes nothing the step reads (may synchronise).
   virtual void check_nonfinite(std::vector<LaunchGroup>& groups, void* stream) = 0;

@@ -351,6 +351,9 @@ void Engine::step(void* stream) {
     lg.cfg.seed = s.seed;
     lg.lr = static_cast<float>(s.groups[lg.user_group].hyper.lr);
   }
+  // Kernels and tables first: a bundle or device that cannot run the step refuses it before
+  // anything is enqueued.
+  s.device->prepare(s.launch);
   // A refused step (nonfinite='raise') changes nothing: the check runs before any write.
   bool raise_policy = false;
   for (auto& lg : s.launch) raise_policy = raise_policy || lg.cfg.hyper.nonfinite == NonFinite::kRaise;
