@@ -226,7 +226,7 @@ NB_MODULE(_luminav, m) {
         "True when libcuda.so.1 loads (the aot backend and the engine's CUDA path need it).");
 
   m.def("load_manifest", [](const std::string& dir) {
-    const luminav::AotManifest man = luminav::AotManifest::load(dir);
+    const luminav::AotManifest man = luminav::AotManifest::load(dir, luminav::CubinCheck::kNow);
     nb::dict d;
     d["dir"] = man.dir();
     d["format_version"] = man.format_version();
