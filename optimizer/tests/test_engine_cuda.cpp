@@ -338,14 +338,16 @@ TEST_F(EngineCudaTest, EachStepTakesAZeroedFlagPairAndTheRingIsZeroedOncePerCycl
     }
   }
   ASSERT_NE(ring, 0u);
-  const std::size_t slots = ring_words / 2;
+  // Pairs of flags, each flag on its own 16 bytes (bundle kernels assume aligned pointers).
+  const std::size_t pair_bytes = 32;
+  const std::size_t slots = ring_words * 4 / pair_bytes;
   ASSERT_GE(slots, 2u);
   std::vector<std::size_t> expected_zeroing;
   for (std::size_t s = 0; s < static_cast<std::size_t>(steps); s += slots) expected_zeroing.push_back(s);
   EXPECT_EQ(ring_zeroed_at, expected_zeroing);
   for (std::size_t s = 0; s < flags.size(); ++s) {
     // Inside the ring, 8-byte pairs in order; a pair is used once per cycle.
-    EXPECT_EQ(flags[s], ring + (s % slots) * 8) << "step " << s;
+    EXPECT_EQ(flags[s], ring + (s % slots) * pair_bytes) << "step " << s;
   }
 }
 
@@ -363,7 +365,7 @@ TEST_F(EngineCudaTest, AStepUnderGraphCaptureZeroesItsOwnFlagsOutsideTheRing) {
     e->step(stream);
     ASSERT_EQ(dev().memsets32.size(), 1u);
     const Memset m = dev().memsets32[0];
-    EXPECT_EQ(m.count, 2u);  // the step's own pair, zeroed inside the captured work
+    EXPECT_EQ(m.count, 8u);  // the step's own pair (2 flags of 16 bytes), zeroed inside the captured work
     EXPECT_EQ(m.value, 0u);
     for (const Launch& l : dev().launches) {
       const std::size_t flag = l.kind == "reduce" ? kReduceFlag : l.kind == "pass2" ? kPass2Flag : kCommitFlag;
@@ -372,7 +374,7 @@ TEST_F(EngineCudaTest, AStepUnderGraphCaptureZeroesItsOwnFlagsOutsideTheRing) {
       }
     }
     EXPECT_NE(m.at, ring_pair);
-    EXPECT_FALSE(m.at >= ring_pair && m.at < ring_pair + 64 * 8) << "the captured pair is not in the ring";
+    EXPECT_FALSE(m.at >= ring_pair && m.at < ring_pair + 64 * 32) << "the captured pair is not in the ring";
   }
   // Eager again: the next pair of the ring, no memset.
   dev().capturing.clear();
@@ -380,14 +382,14 @@ TEST_F(EngineCudaTest, AStepUnderGraphCaptureZeroesItsOwnFlagsOutsideTheRing) {
   dev().memsets32.clear();
   e->step(stream);
   EXPECT_TRUE(dev().memsets32.empty());
-  EXPECT_EQ(dev().launches[2].args[kPass2Flag], ring_pair + 8);
+  EXPECT_EQ(dev().launches[2].args[kPass2Flag], ring_pair + 32);
   // A driver table that cannot say whether a stream is captured: every step zeroes its pair.
   api_.cuStreamIsCapturing = nullptr;
   dev().memsets32.clear();
   e->step(stream);
   e->step(stream);
   EXPECT_EQ(dev().memsets32.size(), 2u);
-  for (const Memset& m : dev().memsets32) EXPECT_EQ(m.count, 2u);
+  for (const Memset& m : dev().memsets32) EXPECT_EQ(m.count, 8u);
 }
 
 TEST_F(EngineCudaTest, GroupsThatDoNotSkipRaiseAFlagOfTheirOwnAndOnlyTheFirstSkippingGroupCounts) {
@@ -412,7 +414,7 @@ TEST_F(EngineCudaTest, GroupsThatDoNotSkipRaiseAFlagOfTheirOwnAndOnlyTheFirstSki
                                       "single_pass", "pass2", "commit", "commit", "commit", "commit"}));
   const auto& l = dev().launches;
   const std::uint64_t found_inf = l[7].args[kPass2Flag];  // the skipping group's pass 2
-  EXPECT_EQ(l[1].args[kReduceFlag], found_inf + 4);       // propagate: its own flag
+  EXPECT_EQ(l[1].args[kReduceFlag], found_inf + 16);      // propagate: its own flag
   EXPECT_EQ(l[3].args[kReduceFlag], found_inf);           // skip
   EXPECT_EQ(l[5].args[kReduceFlag], found_inf);           // skip
   EXPECT_EQ(l[9].args[kPass2Flag], found_inf);
@@ -424,6 +426,15 @@ TEST_F(EngineCudaTest, GroupsThatDoNotSkipRaiseAFlagOfTheirOwnAndOnlyTheFirstSki
   EXPECT_EQ(table(l[11], 2)[12 + 6], 0);  // the counter's row has no elements
   EXPECT_EQ(l[11].args[kCommitFlag], found_inf);
   EXPECT_EQ(l[13].args[kCommitFlag], found_inf);
+  // Every pointer a bundle kernel gets is 16-byte aligned (docs/bundle-format.md).
+  for (const Launch& launch : l) {
+    const KernelSpec spec = kernel_spec(launch.kind);
+    for (std::size_t a = 0; a < spec.signature.size(); ++a) {
+      if (spec.signature[a][0] == '*') {
+        EXPECT_EQ(launch.args[a] % 16, 0u) << launch.kind << " argument " << spec.arg_names[a];
+      }
+    }
+  }
   EXPECT_EQ(l[3].grid, 1u);  // the counting group's reduce: its one tensor only
   EXPECT_EQ(l[3].args[kReduceCount], 1u);
   EXPECT_EQ(l[5].grid, 2u);

@@ -1,6 +1,7 @@
 // AotRuntime, the module cache and launcher, driven through an injected driver table: what it
 // asks the driver (the kernelParams, grid, block and shared sizes of each launch), what it
 // caches, and every refusal before a launch.
+#include <atomic>
 #include <thread>
 
 #include "aot_fixtures.h"
@@ -340,4 +341,177 @@ TEST(ModuleCacheNoDriver, ARuntimeWithoutADriverIsADriverError) {
   write_manifest(dir, manifest_with({add_variant(dir, kPass2Key, 90)}));
   expect_error([&] { AotRuntime rt(AotManifest::load(dir.path())); }, Status::kDriverError,
                {"the CPU engine works without one"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cubins read on first load.
+
+TEST_F(ModuleCacheTest, ACorruptCubinIsRefusedAtItsFirstLoadBeforeTheDriverSeesIt) {
+  std::vector<json> entries = {add_variant(dir_, kPass2Key, 90)};
+  write_manifest(dir_, manifest_with(entries));
+  const std::string cubin = dir_.file(entries[0]["cubin"].get<std::string>());
+  const std::vector<unsigned char> good = make_fake_cubin("cubin of " + entries[0]["cubin"].get<std::string>());
+  write_bytes(cubin, make_fake_cubin("modified"));
+  AotRuntime rt(AotManifest::load(dir_.path()));  // the manifest alone: accepted
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    expect_error([&] { rt.get(kPass2Key, 0); }, Status::kBundleError,
+                 {"field \"sha256\"", cubin, "rebuild the bundle (luminamoon aot build)"});
+  }
+  EXPECT_EQ(fake().module_loads, 0);
+  EXPECT_EQ(rt.loaded_count(), 0u);
+  EXPECT_TRUE(fake().ctx_stack.empty());
+  write_bytes(cubin, good);  // repaired: the next load reads it again and succeeds
+  EXPECT_NO_THROW(rt.get(kPass2Key, 0));
+  EXPECT_EQ(fake().module_loads, 1);
+}
+
+TEST_F(ModuleCacheTest, ConcurrentFirstLoadsOfACorruptCubinAllRefuseIt) {
+  std::vector<json> entries = {add_variant(dir_, kPass2Key, 90)};
+  write_manifest(dir_, manifest_with(entries));
+  write_bytes(dir_.file(entries[0]["cubin"].get<std::string>()), make_fake_cubin("modified"));
+  AotRuntime rt(AotManifest::load(dir_.path()));
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      try {
+        rt.get(kPass2Key, 0);
+      } catch (const luminav::Error& e) {
+        if (e.status() == Status::kBundleError) ++refused;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(refused.load(), 8);
+  EXPECT_EQ(fake().module_loads, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launch without a vector, and KernelLaunch: the same kernelParams as launch(), bound once.
+
+TEST_F(ModuleCacheTest, ThePointerArrayLaunchPacksAsTheVectorLaunch) {
+  AotRuntime rt(bundle({90}));
+  const LoadedKernel& k = rt.get(kPass2Key, 0);
+  Args a;
+  const std::vector<void*> user = a.ptrs();
+  rt.launch(k, {9, 1, 1}, user.data(), user.size(), nullptr);
+  rt.launch(k, {9, 1, 1}, user, nullptr);
+  ASSERT_EQ(fake().launches.size(), 2u);
+  EXPECT_EQ(fake().launches[0].params, fake().launches[1].params);
+  EXPECT_EQ(fake().launches[0].trailing, fake().launches[1].trailing);
+  expect_error([&] { rt.launch(k, {1, 1, 1}, user.data(), user.size() - 1, nullptr); }, Status::kInvalidArgument,
+               {"expected 13 argument pointers", "got 12"});
+}
+
+TEST_F(ModuleCacheTest, ABoundLaunchPassesItsCopiedValuesAndMakesOneDriverCall) {
+  AotRuntime rt(bundle({90}));
+  const LoadedKernel& k = rt.get(kPass2Key, 0);
+  Args a;
+  const std::vector<void*> user = a.ptrs();
+  luminav::KernelLaunch bound(rt, k, {37, 1, 1}, std::vector<const void*>(user.begin(), user.end()));
+  a.seed = 999;  // the values were copied: a later change of the caller's variables does not reach it
+  a.clip = 0.f;
+  auto* stream = reinterpret_cast<luminav::CUstream>(0x5151);
+  fake().ctx_stack.push_back(fake_primary_ctx(0));  // the caller made the context current
+  fake().ctx_queries = fake().ctx_pushes = 0;
+  bound.launch(stream);
+  bound.launch(stream);
+  EXPECT_EQ(fake().ctx_queries, 0);  // launch() relies on the caller's context
+  EXPECT_EQ(fake().ctx_pushes, 0);
+  ASSERT_EQ(fake().launches.size(), 2u);
+  const LaunchRecord& r = fake().launches[0];
+  EXPECT_EQ(r.function, k.function);
+  EXPECT_EQ(r.grid[0], 37u);
+  EXPECT_EQ(r.block[0], 256u);
+  EXPECT_EQ(r.stream, stream);
+  EXPECT_EQ(*static_cast<const CUdeviceptr*>(r.params[0]), 0x1000u);  // table
+  EXPECT_EQ(*static_cast<const CUdeviceptr*>(r.params[4]), 0x5000u);  // lr
+  EXPECT_EQ(*static_cast<const std::int64_t*>(r.params[5]), 1234);    // seed as bound
+  EXPECT_EQ(*static_cast<const float*>(r.params[11]), 4.f);           // clip as bound
+  EXPECT_EQ(r.trailing, (std::vector<CUdeviceptr>{0, 0}));
+  // set() changes one value in place; get() reads it back.
+  bound.set<std::int64_t>(5, 42);
+  bound.set<CUdeviceptr>(3, 0x4444);
+  EXPECT_EQ(bound.get<std::int64_t>(5), 42);
+  bound.launch(stream);
+  EXPECT_EQ(*static_cast<const std::int64_t*>(fake().launches[2].params[5]), 42);
+  EXPECT_EQ(*static_cast<const CUdeviceptr*>(fake().launches[2].params[3]), 0x4444u);
+  EXPECT_EQ(*static_cast<const float*>(fake().launches[2].params[6]), 1.f);  // sign untouched
+  // A value of the wrong size, or an argument that does not exist, is refused by name.
+  expect_error([&] { bound.set<std::int32_t>(5, 1); }, Status::kInvalidArgument,
+               {"argument 5 (\"seed\", i64) is 8 bytes, got a value of 4"});
+  expect_error([&] { bound.set<float>(13, 1.f); }, Status::kInvalidArgument, {"argument 13 does not exist"});
+  // Moved, it still launches its own values.
+  luminav::KernelLaunch moved = std::move(bound);
+  moved.launch(stream);
+  EXPECT_EQ(*static_cast<const std::int64_t*>(fake().launches[3].params[5]), 42);
+  luminav::KernelLaunch empty;
+  EXPECT_FALSE(empty.bound());
+  expect_error([&] { empty.launch(stream); }, Status::kInvalidArgument, {"no kernel is bound"});
+}
+
+TEST_F(ModuleCacheTest, ABoundLaunchIsCheckedOnceAndAnEmptyGridLaunchesNothing) {
+  AotRuntime rt(bundle({90}));
+  const LoadedKernel& k = rt.get(kPass2Key, 0);
+  Args a;
+  std::vector<void*> user = a.ptrs();
+  std::vector<const void*> values(user.begin(), user.end());
+  values[2] = nullptr;
+  expect_error([&] { luminav::KernelLaunch(rt, k, {1, 1, 1}, values); }, Status::kInvalidArgument,
+               {"kernel argument 2 is a null pointer"});
+  values.assign(user.begin(), user.end() - 1);
+  expect_error([&] { luminav::KernelLaunch(rt, k, {1, 1, 1}, values); }, Status::kInvalidArgument,
+               {"expected 13 argument pointers"});
+  values.assign(user.begin(), user.end());
+  expect_error([&] { luminav::KernelLaunch(rt, k, {1, 70000, 1}, values); }, Status::kInvalidArgument,
+               {"exceeds the driver's limits"});
+  luminav::KernelLaunch none(rt, k, {0, 1, 1}, values);
+  none.launch(nullptr);
+  EXPECT_TRUE(fake().launches.empty());
+}
+
+TEST_F(ModuleCacheTest, ABoundLaunchGetsScratchPerStreamFromTheRuntime) {
+  fake().use_param_sizes = true;
+  fake().param_sizes = {8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 8, 8};
+  {
+    AotRuntime rt(bundle({90}, [](json& e) {
+      e["global_scratch_size"] = 64;
+      e["global_scratch_align"] = 256;
+    }));
+    const LoadedKernel& k = rt.get(kPass2Key, 0);
+    Args a;
+    const std::vector<void*> user = a.ptrs();
+    luminav::KernelLaunch bound(rt, k, {4, 1, 1}, std::vector<const void*>(user.begin(), user.end()));
+    EXPECT_TRUE(fake().allocations.empty());  // allocated at the first launch on a stream
+    auto* s1 = reinterpret_cast<luminav::CUstream>(0x1);
+    auto* s2 = reinterpret_cast<luminav::CUstream>(0x2);
+    bound.launch(s1);
+    bound.launch(s1);
+    ASSERT_EQ(fake().allocations.size(), 1u);
+    EXPECT_EQ(fake().allocations[0], 4u * 64);
+    bound.launch(s2);
+    ASSERT_EQ(fake().allocations.size(), 2u);
+    ASSERT_EQ(fake().launches.size(), 3u);
+    EXPECT_NE(fake().launches[0].trailing[0], 0u);
+    EXPECT_EQ(fake().launches[0].trailing[0], fake().launches[1].trailing[0]);
+    EXPECT_NE(fake().launches[2].trailing[0], fake().launches[0].trailing[0]);
+    // The same buffer AotRuntime::launch uses for that (kernel, grid, stream).
+    rt.launch(k, {4, 1, 1}, user, s1);
+    EXPECT_EQ(fake().launches[3].trailing[0], fake().launches[0].trailing[0]);
+    EXPECT_EQ(fake().allocations.size(), 2u);
+  }
+  EXPECT_EQ(fake().freed.size(), 2u);
+}
+
+TEST_F(ModuleCacheTest, AScopedContextPushesOnlyWhenAnotherIsCurrent) {
+  const luminav::CudaDriverApi& api = api_;
+  {
+    luminav::ScopedContext s(api, fake_primary_ctx(0));
+    EXPECT_TRUE(s.pushed());
+    EXPECT_EQ(fake().ctx_stack.back(), fake_primary_ctx(0));
+    luminav::ScopedContext nested(api, fake_primary_ctx(0));
+    EXPECT_FALSE(nested.pushed());
+    EXPECT_EQ(fake().ctx_stack.size(), 1u);
+  }
+  EXPECT_TRUE(fake().ctx_stack.empty());
 }

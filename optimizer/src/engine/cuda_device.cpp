@@ -46,9 +46,13 @@ namespace {
 CUdeviceptr dptr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)); }
 void* hptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
 
-// Flag pairs in the ring: one memset per kFlagSlots eager steps (512 bytes of device memory).
+// Flag pairs in the ring: one memset per kFlagSlots eager steps (2 KiB of device memory).
 constexpr std::size_t kFlagSlots = 64;
-constexpr std::size_t kFlagPairBytes = 8;  // found_inf, then the non-skipping groups' flag (int32 each)
+// Each int32 flag on its own 16 bytes: a bundle kernel assumes every pointer argument is 16-byte
+// aligned (docs/bundle-format.md). A pair is found_inf, then the non-skipping groups' flag.
+constexpr std::size_t kFlagBytes = 16;
+constexpr std::size_t kFlagPairBytes = 2 * kFlagBytes;
+constexpr std::size_t kCounterBytes = 16;  // the applied-step counter (int64), padded
 
 struct GroupCache {
   Device* device = nullptr;  // frees `buffers` when the group's rows are rebuilt
@@ -84,11 +88,11 @@ class CudaDevice final : public Device {
     check(api_, api_.cuDevicePrimaryCtxRetain(&ctx_, dev), "cuDevicePrimaryCtxRetain");
     dev_ = dev;
     try {
-      // [applied-step counter int64][capture flag pair][ring of kFlagSlots flag pairs], zeroed.
-      flags_ = dptr(alloc(8 + kFlagPairBytes + kFlagSlots * kFlagPairBytes));
+      // [applied-step counter][capture flag pair][ring of kFlagSlots flag pairs], zeroed.
+      flags_ = dptr(alloc(kCounterBytes + kFlagPairBytes + kFlagSlots * kFlagPairBytes));
       applied_ = flags_;
-      capture_pair_ = flags_ + 8;
-      ring_ = flags_ + 8 + kFlagPairBytes;
+      capture_pair_ = flags_ + kCounterBytes;
+      ring_ = capture_pair_ + kFlagPairBytes;
     } catch (...) {
       api_.cuDevicePrimaryCtxRelease(dev_);
       throw;
@@ -162,7 +166,7 @@ class CudaDevice final : public Device {
         GroupConfig probe = g.cfg;
         probe.hyper.nonfinite = NonFinite::kSkip;  // the variants a checking group runs
         c.probe_kernels = std::make_unique<gpu::GroupKernels>(rt_, index_, probe);
-        c.probe = std::make_unique<gpu::BoundGroupLaunches>(*c.probe_kernels, c.buf, ring_, ring_ + 4);
+        c.probe = std::make_unique<gpu::BoundGroupLaunches>(*c.probe_kernels, c.buf, ring_, ring_ + kFlagBytes);
       }
       c.probe->set_seed(g.cfg.seed);
       c.probe->pass1(stream);
@@ -183,16 +187,18 @@ class CudaDevice final : public Device {
     // This step's flag pair (see the top of the file).
     CUdeviceptr pair = 0;
     if (may_be_capturing(stream)) {
-      check(api_, api_.cuMemsetD32Async(capture_pair_, 0, 2, stream), "cuMemsetD32Async", "the step's flags");
+      check(api_, api_.cuMemsetD32Async(capture_pair_, 0, kFlagPairBytes / 4, stream), "cuMemsetD32Async",
+            "the step's flags");
       pair = capture_pair_;
     } else {
       if (ring_next_ == 0) {
-        check(api_, api_.cuMemsetD32Async(ring_, 0, 2 * kFlagSlots, stream), "cuMemsetD32Async", "the step flags' ring");
+        check(api_, api_.cuMemsetD32Async(ring_, 0, kFlagSlots * kFlagPairBytes / 4, stream), "cuMemsetD32Async",
+              "the step flags' ring");
       }
       pair = ring_ + ring_next_ * kFlagPairBytes;
       ring_next_ = (ring_next_ + 1) % kFlagSlots;
     }
-    const CUdeviceptr found_inf = pair, other_flag = pair + 4;
+    const CUdeviceptr found_inf = pair, other_flag = pair + kFlagBytes;
 
     for (auto& g : groups) {
       GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
@@ -301,7 +307,7 @@ class CudaDevice final : public Device {
     b.commit_rows = static_cast<std::int32_t>(n + (counts_applied ? 1 : 0));
     if (!t.table.empty()) check(api_, api_.cuMemcpyHtoD(b.table, t.table.data(), t.table.size() * 8), "cuMemcpyHtoD", "table");
     if (nb) check(api_, api_.cuMemcpyHtoD(b.block_map, t.block_map.data(), nb * 4), "cuMemcpyHtoD", "block_map");
-    c->launches = std::make_unique<gpu::BoundGroupLaunches>(*c->kernels, b, ring_, ring_ + 4);
+    c->launches = std::make_unique<gpu::BoundGroupLaunches>(*c->kernels, b, ring_, ring_ + kFlagBytes);
     return c;
   }
 
