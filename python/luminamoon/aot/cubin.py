@@ -55,6 +55,10 @@ def _arch_from_flags(abi_version: int, e_flags: int) -> Optional[int]:
     # low byte of e_flags (0x5a = 90). Other layouts are not decoded.
     if abi_version == 7:
         return e_flags & 0xFF
+    # ELF ABI version 8 (the ptxas of CUDA 12.8 and later, e.g. in Triton 3.9): the SM arch
+    # moved to the second byte (0x5a04: sm_90).
+    if abi_version == 8:
+        return (e_flags >> 8) & 0xFF
     return None
 
 

@@ -98,6 +98,22 @@ else:
         return _tanh_builtin(x)
 
 
+# The skip decision as an element mask. Compiled, one scalar load of found_inf that broadcasts;
+# the interpreter of newer Triton releases refuses a scalar int1 broadcast into a load mask, so
+# there every lane loads the flag's one address (the same value).
+if _INTERPRET:
+
+    @triton.jit
+    def _step_applies(found_inf, offs):
+        return tl.load(found_inf + offs * 0) == 0
+
+else:
+
+    @triton.jit
+    def _step_applies(found_inf, offs):
+        return tl.load(found_inf) == 0
+
+
 # ----------------------------------------------------------------------------------------------
 # Table layout (docs/internals.md, "Device tables")
 # ----------------------------------------------------------------------------------------------
@@ -394,11 +410,13 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
         tau = clip * tl.sqrt_rn(tl.div_rn(s_sum, global_numel.to(tl.float32)))
     else:
         tau = clip * 0.0
-    if CHECK_FLAG:
-        ok = tl.load(found_inf) == 0
-    else:
-        ok = True
     idx = elem_offset + offs
+    # every element's mask also carries the step's skip decision (one int1 for the program;
+    # an int1 tensor, not a Python bool, so that every Triton's interpreter takes it as a mask)
+    if CHECK_FLAG:
+        ok = _step_applies(found_inf, offs)
+    else:
+        ok = tl.full([BLOCK], 1, tl.int1)
     if start + BLOCK <= numel:
         # a full block: the mask is uniform, so accesses stay 16-byte vectors
         mask = (tl.full([BLOCK], 1, tl.int1)) & ok
