@@ -201,7 +201,7 @@ class KernelLaunch;
 
 // The module cache and launcher the engine's GPU path uses. Thread-safe.
 //   AotRuntime rt(AotManifest::load(dir));
-//   const LoadedKernel& k = rt.get("pass2.p1g1s0.sr1.b2.c1.f1.B2048.w8", device);
+//   const LoadedKernel& k = rt.get("pass2.p1g1s0.sr1.b2.c1.f1.B1024.w4", device);
 //   rt.launch(k, {nblocks, 1, 1}, {&table, &block_map, ...}, stream);
 // Modules are loaded lazily per (variant, device) into the device's primary context (retained
 // once, released at destruction), which is pushed around loads and launches when it is not

@@ -649,7 +649,7 @@ class Variant:
     num_stages: int
 
     def key(self) -> str:
-        """e.g. "pass2.p1g1s0.sr1.b2.c1.f1.B2048.w8" (docs/internals.md, "Variant keys").
+        """e.g. "pass2.p1g1s0.sr1.b2.c1.f1.B1024.w4" (docs/internals.md, "Variant keys").
 
         Order: kernel, the dtype codes present (p, g, s) joined, then sr, b, c, f, n, B, R, T in
         that order for the constexprs the kernel takes, then w (num_warps).
