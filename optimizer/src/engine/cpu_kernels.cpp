@@ -60,12 +60,10 @@ constexpr std::uint32_t kPhiloxKeyA = 0x9E3779B9u;    // key bump, word 0
 constexpr std::uint32_t kPhiloxKeyB = 0xBB67AE85u;    // key bump, word 1
 constexpr std::uint32_t kPhiloxRoundA = 0xD2511F53u;  // multiplier of counter word 0
 constexpr std::uint32_t kPhiloxRoundB = 0xCD9E8D57u;  // multiplier of counter word 2
-}  // namespace
 
-void philox4x32_10(std::uint32_t key0, std::uint32_t key1, const std::uint32_t ctr[4],
-                   std::uint32_t out[4]) noexcept {
-  std::uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
-  std::uint32_t k0 = key0, k1 = key1;
+// The ten Philox4x32 rounds on counter (c0, c1, c2, c3) with key (k0, k1), in place.
+inline void philox_rounds(std::uint32_t& c0, std::uint32_t& c1, std::uint32_t& c2, std::uint32_t& c3,
+                          std::uint32_t k0, std::uint32_t k1) noexcept {
   for (int r = 0; r < 10; ++r) {
     const std::uint64_t pa = static_cast<std::uint64_t>(kPhiloxRoundA) * c0;
     const std::uint64_t pb = static_cast<std::uint64_t>(kPhiloxRoundB) * c2;
@@ -78,6 +76,13 @@ void philox4x32_10(std::uint32_t key0, std::uint32_t key1, const std::uint32_t c
     k0 += kPhiloxKeyA;
     k1 += kPhiloxKeyB;
   }
+}
+}  // namespace
+
+void philox4x32_10(std::uint32_t key0, std::uint32_t key1, const std::uint32_t ctr[4],
+                   std::uint32_t out[4]) noexcept {
+  std::uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+  philox_rounds(c0, c1, c2, c3, key0, key1);
   out[0] = c0;
   out[1] = c1;
   out[2] = c2;
@@ -88,24 +93,12 @@ void random_words(std::uint64_t key, std::int64_t first, std::int64_t count, std
                   std::uint32_t* out) noexcept {
   const std::uint32_t key0 = static_cast<std::uint32_t>(key);
   const std::uint32_t key1 = static_cast<std::uint32_t>(key >> 32);
-  // Same rounds as philox4x32_10, written over an index range so the compiler vectorises it.
+  // One Philox per index, over a range (the rounds inline, so the compiler vectorises the loop).
   for (std::int64_t j = 0; j < count; ++j) {
     const std::uint64_t i = static_cast<std::uint64_t>(first + j);
     std::uint32_t c0 = static_cast<std::uint32_t>(i), c1 = static_cast<std::uint32_t>(i >> 32);
     std::uint32_t c2 = stream, c3 = 0;
-    std::uint32_t k0 = key0, k1 = key1;
-    for (int r = 0; r < 10; ++r) {
-      const std::uint64_t pa = static_cast<std::uint64_t>(kPhiloxRoundA) * c0;
-      const std::uint64_t pb = static_cast<std::uint64_t>(kPhiloxRoundB) * c2;
-      const std::uint32_t n0 = static_cast<std::uint32_t>(pb >> 32) ^ c1 ^ k0;
-      const std::uint32_t n2 = static_cast<std::uint32_t>(pa >> 32) ^ c3 ^ k1;
-      c1 = static_cast<std::uint32_t>(pb);
-      c3 = static_cast<std::uint32_t>(pa);
-      c0 = n0;
-      c2 = n2;
-      k0 += kPhiloxKeyA;
-      k1 += kPhiloxKeyB;
-    }
+    philox_rounds(c0, c1, c2, c3, key0, key1);
     out[j] = c0;
   }
 }
