@@ -667,7 +667,8 @@ struct Results {
   std::vector<Phase> phases;  // cold start, in order; the last one ends at the first finished step
   double host_us_mean = 0, host_us_median = 0, host_us_max = 0;
   double device_us = std::numeric_limits<double>::quiet_NaN();
-  double launches_per_step = std::numeric_limits<double>::quiet_NaN();
+  double launches_per_step = std::numeric_limits<double>::quiet_NaN();        // cuLaunchKernel
+  double graph_launches_per_step = std::numeric_limits<double>::quiet_NaN();  // cuGraphLaunch
   double blocking_per_step = std::numeric_limits<double>::quiet_NaN();
   std::string blocking_detail;  // the timed steps' blocking calls, by name
   std::string first_step_calls;  // the first step's driver work, by name
@@ -844,6 +845,7 @@ Results run_cuda(const BenchOptions& o, const Model& model) {
   check(api, api.cuEventElapsedTime(&ms, session.start(), session.stop()), "cuEventElapsedTime");
   r.device_us = static_cast<double>(ms) * 1e3 / o.steps;
   r.launches_per_step = static_cast<double>(after[k_cuLaunchKernel] - before[k_cuLaunchKernel]) / o.steps;
+  r.graph_launches_per_step = static_cast<double>(after[k_cuGraphLaunch] - before[k_cuGraphLaunch]) / o.steps;
   r.blocking_per_step = static_cast<double>(blocking_calls(before, after)) / o.steps;
   r.blocking_detail = describe_blocking(before, after);
   summarise_host(us, r);
@@ -913,6 +915,7 @@ void print_report(const BenchOptions& o, const Model& model, const Results& r, c
   if (cuda) {
     rows.push_back({"device us/step (events around the batch)", fixed(r.device_us, 2)});
     rows.push_back({"kernel launches/step", fixed(r.launches_per_step, 1)});
+    rows.push_back({"graph launches/step", fixed(r.graph_launches_per_step, 1)});
     rows.push_back({"blocking driver calls/step", fixed(r.blocking_per_step, 2)});
   }
   print_table(rows);

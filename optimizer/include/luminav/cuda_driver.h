@@ -83,7 +83,9 @@ constexpr unsigned int CU_EVENT_DISABLE_TIMING = 2;
 // The versions pin the ABI of the signatures below: e.g. cuMemAlloc at 3020 is cuMemAlloc_v2
 // (size_t sizes), cuStreamBeginCapture at 10010 is _v2 (with a capture mode),
 // cuDevicePrimaryCtxRelease at 11000 is _v2. cuFuncGetParamInfo exists from CUDA 12.4 on and is
-// optional: where the driver lacks it, the parameter-count check at load is left out.
+// optional: where the driver lacks it, the parameter-count check at load is left out. The capture
+// and graph entries are optional too: without them the engine launches every step's kernels
+// itself instead of replaying them as one graph.
 #define LUMINAV_CUDA_DRIVER_SYMBOLS(X)                                                                   \
   X(cuGetErrorName, "cuGetErrorName", "cuGetErrorName", 6000, true, (CUresult, const char**))            \
   X(cuGetErrorString, "cuGetErrorString", "cuGetErrorString", 6000, true, (CUresult, const char**))      \
@@ -133,17 +135,17 @@ constexpr unsigned int CU_EVENT_DISABLE_TIMING = 2;
   X(cuStreamCreate, "cuStreamCreate", "cuStreamCreate", 2000, true, (CUstream*, unsigned int))           \
   X(cuStreamDestroy, "cuStreamDestroy", "cuStreamDestroy_v2", 4000, true, (CUstream))                    \
   X(cuStreamSynchronize, "cuStreamSynchronize", "cuStreamSynchronize", 2000, true, (CUstream))           \
-  X(cuStreamBeginCapture, "cuStreamBeginCapture", "cuStreamBeginCapture_v2", 10010, true,                \
+  X(cuStreamBeginCapture, "cuStreamBeginCapture", "cuStreamBeginCapture_v2", 10010, false,                \
     (CUstream, CUstreamCaptureMode))                                                                     \
-  X(cuStreamEndCapture, "cuStreamEndCapture", "cuStreamEndCapture", 10000, true, (CUstream, CUgraph*))   \
+  X(cuStreamEndCapture, "cuStreamEndCapture", "cuStreamEndCapture", 10000, false, (CUstream, CUgraph*))   \
   X(cuStreamIsCapturing, "cuStreamIsCapturing", "cuStreamIsCapturing", 10000, true,                      \
     (CUstream, CUstreamCaptureStatus*))                                                                  \
   X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags", 11040,    \
     true, (CUgraphExec*, CUgraph, unsigned long long))                                                   \
-  X(cuGraphLaunch, "cuGraphLaunch", "cuGraphLaunch", 10000, true, (CUgraphExec, CUstream))               \
-  X(cuGraphDestroy, "cuGraphDestroy", "cuGraphDestroy", 10000, true, (CUgraph))                          \
-  X(cuGraphExecDestroy, "cuGraphExecDestroy", "cuGraphExecDestroy", 10000, true, (CUgraphExec))          \
-  X(cuEventCreate, "cuEventCreate", "cuEventCreate", 2000, true, (CUevent*, unsigned int))               \
+  X(cuGraphLaunch, "cuGraphLaunch", "cuGraphLaunch", 10000, false, (CUgraphExec, CUstream))               \
+  X(cuGraphDestroy, "cuGraphDestroy", "cuGraphDestroy", 10000, false, (CUgraph))                          \
+  X(cuGraphExecDestroy, "cuGraphExecDestroy", "cuGraphExecDestroy", 10000, false, (CUgraphExec))          \
+  X(cuEventCreate, "cuEventCreate", "cuEventCreate", 2000, false, (CUevent*, unsigned int))               \
   X(cuEventRecord, "cuEventRecord", "cuEventRecord", 2000, true, (CUevent, CUstream))                    \
   X(cuEventSynchronize, "cuEventSynchronize", "cuEventSynchronize", 2000, true, (CUevent))               \
   X(cuEventElapsedTime, "cuEventElapsedTime", "cuEventElapsedTime", 2000, true, (float*, CUevent, CUevent)) \

@@ -139,6 +139,10 @@ struct EngineOptions {
   int num_threads = 0;        // CPU worker threads; 0 = hardware_concurrency
   std::uint64_t seed = 0;     // base seed of the rounding streams
   std::string bundle_dir;     // CUDA: the AOT bundle (manifest.json + cubins)
+  // CUDA: from the second step of a layout on, replay the step's launches as one CUDA graph
+  // (one cuGraphLaunch per step). Off here, or with the environment variable
+  // LUMINAV_CUDA_GRAPH=0, every step launches its kernels one by one.
+  bool cuda_graph = true;
 };
 
 struct ParamDesc {

@@ -22,11 +22,23 @@
 // zeroes a pair of its own (the graph then zeroes it at every replay); that pair is outside the
 // ring.
 //
-// Per step, then: one cuCtxGetCurrent (a push only when the primary context is not current),
-// one cuStreamIsCapturing, the launches (pass 1 and reduce where needed, pass 2, commit), and a
-// cuMemsetD32Async only every kFlagSlots steps or when lr changed. After the first step,
-// step() allocates nothing and never synchronises (except nonfinite='raise', which must read
-// the flag on the host), so it can be captured in a CUDA graph.
+// Per eager step, then: one cuCtxGetCurrent (a push only when the primary context is not
+// current), one cuStreamIsCapturing, the launches (pass 1 and reduce where needed, pass 2,
+// commit), and a cuMemsetD32Async only every kFlagSlots steps or when lr changed. After the
+// first step, step() allocates nothing and never synchronises (except nonfinite='raise', which
+// must read the flag on the host), so it can be captured in a CUDA graph.
+//
+// Graph replay: the first step of a layout (the groups' caches and seeds) is eager; the next
+// one records the same work once into a CUDA graph, by capturing it on a private stream: a
+// memset node zeroing a flag pair of the graph's own (a graph replays fixed arguments, so it
+// cannot walk the ring), then every launch in the eager order with the eager arguments but
+// that pair. From then on a step is the lr memsets of groups whose lr changed, then one
+// cuGraphLaunch on the caller's stream. A new layout (groups rebuilt, a cache rebuilt, another
+// seed) drops the graph, runs eagerly once and records again. Steps stay eager while the
+// caller's stream is being captured, when the driver table lacks the graph calls, when
+// EngineOptions::cuda_graph or LUMINAV_CUDA_GRAPH=0 turns graphs off, and after a recording
+// the driver refused.
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -56,6 +68,7 @@ constexpr std::size_t kCounterBytes = 16;  // the applied-step counter (int64), 
 
 struct GroupCache {
   Device* device = nullptr;  // frees `buffers` when the group's rows are rebuilt
+  std::uint64_t id = 0;      // unique per device: a graph recorded over this cache names it
   std::vector<CUdeviceptr> buffers;
   ~GroupCache() {
     // The launches go first; then the buffers they point at.
@@ -77,10 +90,31 @@ struct GroupCache {
 
 constexpr std::size_t kNoGroup = std::numeric_limits<std::size_t>::max();
 
+// What the launches of a step are bound to, per group: a graph recorded over one layout
+// replays only that layout.
+struct LayoutEntry {
+  std::uint64_t cache_id = 0;
+  std::uint64_t seed = 0;
+};
+
+// LUMINAV_CUDA_GRAPH: unset, empty or "1" leaves graphs on, "0" turns them off.
+bool graphs_allowed_by_environment() {
+  const char* v = std::getenv("LUMINAV_CUDA_GRAPH");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  throw Error(Status::kInvalidArgument, std::string("LUMINAV_CUDA_GRAPH is \"") + v +
+                                            "\"; set it to 0 (launch each kernel) or 1 (replay steps as CUDA graphs), "
+                                            "or unset it");
+}
+
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int device_index, const std::string& bundle_dir)
+  CudaDevice(int device_index, const std::string& bundle_dir, bool cuda_graph)
       : api_(cuda_driver()), rt_(gpu::runtime_for_bundle(bundle_dir)), index_(device_index) {
+    graphs_ = cuda_graph && graphs_allowed_by_environment() && api_.cuStreamCreate && api_.cuStreamDestroy &&
+              api_.cuStreamBeginCapture && api_.cuStreamEndCapture && api_.cuStreamIsCapturing &&
+              api_.cuGraphInstantiateWithFlags && api_.cuGraphLaunch && api_.cuGraphDestroy &&
+              api_.cuGraphExecDestroy;
     const DeviceInfo info = rt_->device_info(device_index);  // throws kNotFound for a bad ordinal
     (void)info;
     CUdevice dev = 0;
@@ -88,11 +122,13 @@ class CudaDevice final : public Device {
     check(api_, api_.cuDevicePrimaryCtxRetain(&ctx_, dev), "cuDevicePrimaryCtxRetain");
     dev_ = dev;
     try {
-      // [applied-step counter][capture flag pair][ring of kFlagSlots flag pairs], zeroed.
-      flags_ = dptr(alloc(kCounterBytes + kFlagPairBytes + kFlagSlots * kFlagPairBytes));
+      // [applied-step counter][capture flag pair][graph flag pair][ring of kFlagSlots flag
+      // pairs], zeroed.
+      flags_ = dptr(alloc(kCounterBytes + 2 * kFlagPairBytes + kFlagSlots * kFlagPairBytes));
       applied_ = flags_;
       capture_pair_ = flags_ + kCounterBytes;
-      ring_ = capture_pair_ + kFlagPairBytes;
+      graph_pair_ = capture_pair_ + kFlagPairBytes;
+      ring_ = graph_pair_ + kFlagPairBytes;
     } catch (...) {
       api_.cuDevicePrimaryCtxRelease(dev_);
       throw;
@@ -102,6 +138,8 @@ class CudaDevice final : public Device {
     try {
       ScopedContext scope(api_, ctx_);
       api_.cuCtxSynchronize();
+      drop_graph();
+      if (capture_stream_) api_.cuStreamDestroy(capture_stream_);
       api_.cuMemFree(flags_);
     } catch (...) {
     }
@@ -183,10 +221,23 @@ class CudaDevice final : public Device {
     ScopedContext scope(api_, ctx_);
     const auto stream = static_cast<CUstream>(stream_ptr);
     const bool any_check = prepare_caches(groups) != kNoGroup;  // first step after a change: allocates, loads
+    const bool capturing = may_be_capturing(stream);
+
+    if (graphs_ && !capturing && !groups.empty()) {
+      if (exec_ && !same_layout(groups, graph_layout_)) drop_graph();
+      // The second step of a layout records it.
+      if (!exec_ && same_layout(groups, eager_layout_)) record_graph(groups);
+      if (exec_) {
+        for (auto& g : groups) write_lr(g, stream);
+        check(api_, api_.cuGraphLaunch(exec_, stream), "cuGraphLaunch", "the step's graph");
+        if (any_check) ++checked_steps_;
+        return;
+      }
+    }
 
     // This step's flag pair (see the top of the file).
     CUdeviceptr pair = 0;
-    if (may_be_capturing(stream)) {
+    if (capturing) {
       check(api_, api_.cuMemsetD32Async(capture_pair_, 0, kFlagPairBytes / 4, stream), "cuMemsetD32Async",
             "the step's flags");
       pair = capture_pair_;
@@ -198,29 +249,10 @@ class CudaDevice final : public Device {
       pair = ring_ + ring_next_ * kFlagPairBytes;
       ring_next_ = (ring_next_ + 1) % kFlagSlots;
     }
-    const CUdeviceptr found_inf = pair, other_flag = pair + kFlagBytes;
-
-    for (auto& g : groups) {
-      GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
-      std::uint32_t bits;
-      std::memcpy(&bits, &g.lr, 4);
-      if (!c.lr_written || bits != c.lr_bits) {
-        check(api_, api_.cuMemsetD32Async(c.buf.lr, bits, 1, stream), "cuMemsetD32Async", "lr");
-        c.lr_bits = bits;
-        c.lr_written = true;
-      }
-      c.launches->set_flags(found_inf, g.cfg.check_flag() ? found_inf : other_flag);
-      c.launches->set_seed(g.cfg.seed);
-    }
-    for (auto& g : groups) {
-      GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
-      if (!c.launches->has_pass1()) continue;
-      c.launches->pass1(stream);
-      c.launches->reduce(stream);
-    }
-    for (auto& g : groups) static_cast<GroupCache*>(g.cache.get())->launches->update(stream);
-    for (auto& g : groups) static_cast<GroupCache*>(g.cache.get())->launches->commit(stream);
+    for (auto& g : groups) write_lr(g, stream);
+    enqueue(groups, pair, stream);
     if (any_check) ++checked_steps_;
+    if (graphs_ && !capturing && !same_layout(groups, eager_layout_)) set_layout(groups, eager_layout_);
   }
 
   std::int64_t skipped() override {
@@ -240,6 +272,91 @@ class CudaDevice final : public Device {
     if (api_.cuStreamIsCapturing == nullptr) return true;
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     return api_.cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
+
+  // The group's lr as a device float32: a memset on `stream` only when its bits changed.
+  void write_lr(LaunchGroup& g, CUstream stream) {
+    GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
+    std::uint32_t bits;
+    std::memcpy(&bits, &g.lr, 4);
+    if (c.lr_written && bits == c.lr_bits) return;
+    check(api_, api_.cuMemsetD32Async(c.buf.lr, bits, 1, stream), "cuMemsetD32Async", "lr");
+    c.lr_bits = bits;
+    c.lr_written = true;
+  }
+
+  // The launches of a step on `stream`, every group's flags at `pair` (zeroed before them in
+  // stream order): pass 1 and reduce where needed, pass 2, commit.
+  void enqueue(std::vector<LaunchGroup>& groups, CUdeviceptr pair, CUstream stream) {
+    const CUdeviceptr found_inf = pair, other_flag = pair + kFlagBytes;
+    for (auto& g : groups) {
+      GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
+      c.launches->set_flags(found_inf, g.cfg.check_flag() ? found_inf : other_flag);
+      c.launches->set_seed(g.cfg.seed);
+    }
+    for (auto& g : groups) {
+      GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
+      if (!c.launches->has_pass1()) continue;
+      c.launches->pass1(stream);
+      c.launches->reduce(stream);
+    }
+    for (auto& g : groups) static_cast<GroupCache*>(g.cache.get())->launches->update(stream);
+    for (auto& g : groups) static_cast<GroupCache*>(g.cache.get())->launches->commit(stream);
+  }
+
+  static bool same_layout(const std::vector<LaunchGroup>& groups, const std::vector<LayoutEntry>& layout) {
+    if (groups.size() != layout.size()) return false;
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      const auto* c = static_cast<const GroupCache*>(groups[i].cache.get());
+      if (c->id != layout[i].cache_id || groups[i].cfg.seed != layout[i].seed) return false;
+    }
+    return true;
+  }
+  static void set_layout(const std::vector<LaunchGroup>& groups, std::vector<LayoutEntry>& layout) {
+    layout.clear();
+    for (const LaunchGroup& g : groups) layout.push_back({static_cast<const GroupCache*>(g.cache.get())->id, g.cfg.seed});
+  }
+
+  void drop_graph() noexcept {
+    if (exec_) api_.cuGraphExecDestroy(exec_);
+    exec_ = nullptr;
+    graph_layout_.clear();
+  }
+
+  // Records the step's launches into exec_ by capturing them on the private stream (nothing
+  // runs there). Where the driver refuses any part, graphs stay off for this device and the
+  // step runs eagerly; a launch that cannot be enqueued then reports its own error.
+  void record_graph(std::vector<LaunchGroup>& groups) {
+    if (!capture_stream_ && api_.cuStreamCreate(&capture_stream_, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+      capture_stream_ = nullptr;
+      graphs_ = false;
+      return;
+    }
+    // Relaxed: a first launch of a kernel with scratch memory may allocate it while captured.
+    if (api_.cuStreamBeginCapture(capture_stream_, CU_STREAM_CAPTURE_MODE_RELAXED) != CUDA_SUCCESS) {
+      graphs_ = false;
+      return;
+    }
+    bool enqueued = true;
+    try {
+      check(api_, api_.cuMemsetD32Async(graph_pair_, 0, kFlagPairBytes / 4, capture_stream_), "cuMemsetD32Async",
+            "the graph's flags");
+      enqueue(groups, graph_pair_, capture_stream_);
+    } catch (...) {
+      enqueued = false;
+    }
+    CUgraph graph = nullptr;
+    CUresult r = api_.cuStreamEndCapture(capture_stream_, &graph);
+    CUgraphExec exec = nullptr;
+    if (enqueued && r == CUDA_SUCCESS && graph != nullptr) r = api_.cuGraphInstantiateWithFlags(&exec, graph, 0);
+    if (graph != nullptr) api_.cuGraphDestroy(graph);
+    if (!enqueued || r != CUDA_SUCCESS || exec == nullptr) {
+      if (exec != nullptr) api_.cuGraphExecDestroy(exec);
+      graphs_ = false;
+      return;
+    }
+    exec_ = exec;
+    set_layout(groups, graph_layout_);
   }
 
   // True when every group's cache is built as prepare_caches would build it.
@@ -272,6 +389,7 @@ class CudaDevice final : public Device {
   std::shared_ptr<GroupCache> build_cache(const LaunchGroup& g, bool counts_applied) {
     auto c = std::make_shared<GroupCache>();
     c->device = this;
+    c->id = ++next_cache_id_;
     // Loads (and verifies) every kernel the group runs before anything is allocated.
     c->kernels = std::make_unique<gpu::GroupKernels>(rt_, index_, g.cfg);
     const std::size_t n = g.rows.size();
@@ -316,16 +434,23 @@ class CudaDevice final : public Device {
   int index_;
   CUdevice dev_ = 0;
   CUcontext ctx_ = nullptr;
-  CUdeviceptr flags_ = 0, applied_ = 0, capture_pair_ = 0, ring_ = 0;
+  CUdeviceptr flags_ = 0, applied_ = 0, capture_pair_ = 0, graph_pair_ = 0, ring_ = 0;
   std::size_t ring_next_ = 0;  // the ring's next unused pair; 0: the ring is zeroed first
   std::int64_t checked_steps_ = 0;
+  std::uint64_t next_cache_id_ = 0;
+  // Graph replay (see the top of the file).
+  bool graphs_ = false;
+  CUstream capture_stream_ = nullptr;  // private, only ever captured
+  CUgraphExec exec_ = nullptr;
+  std::vector<LayoutEntry> graph_layout_;  // what exec_ replays
+  std::vector<LayoutEntry> eager_layout_;  // the layout of the last eager step
 };
 
 }  // namespace
 
-std::unique_ptr<Device> make_cuda_device(int device_index, const std::string& bundle_dir) {
+std::unique_ptr<Device> make_cuda_device(int device_index, const std::string& bundle_dir, bool cuda_graph) {
   (void)cuda_driver();  // throws kDriverError with the dlerror when there is no driver
-  return std::make_unique<CudaDevice>(device_index, bundle_dir);
+  return std::make_unique<CudaDevice>(device_index, bundle_dir, cuda_graph);
 }
 
 }  // namespace engine_detail

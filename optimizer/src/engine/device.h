@@ -54,8 +54,10 @@ class Device {
 };
 
 std::unique_ptr<Device> make_cpu_device(int num_threads);
-// Throws kDriverError (no driver), kBundleError / kNotFound (bundle), kInvalidArgument.
-std::unique_ptr<Device> make_cuda_device(int device_index, const std::string& bundle_dir);
+// Throws kDriverError (no driver), kBundleError / kNotFound (bundle), kInvalidArgument (also
+// for a LUMINAV_CUDA_GRAPH other than 0 or 1). `cuda_graph`: replay steps as CUDA graphs where
+// the driver and LUMINAV_CUDA_GRAPH allow it.
+std::unique_ptr<Device> make_cuda_device(int device_index, const std::string& bundle_dir, bool cuda_graph = true);
 
 // The message of a refused 'raise' step.
 std::string nonfinite_message(const LaunchGroup& group, std::size_t row);

@@ -249,7 +249,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
                   "the CUDA device needs an AOT bundle: set bundle_dir to a folder built with "
                   "`luminamoon aot build --arch <major><minor>`");
     }
-    impl_->device = engine_detail::make_cuda_device(options.device_index, options.bundle_dir);
+    impl_->device = engine_detail::make_cuda_device(options.device_index, options.bundle_dir, options.cuda_graph);
   } else {
     throw Error(Status::kInvalidArgument,
                 "device must be 0 (cpu) or 1 (cuda), got " + std::to_string(static_cast<int>(options.device)));
