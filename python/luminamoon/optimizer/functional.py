@@ -163,8 +163,11 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
             skip_devices.append(group.device)
     for device in skip_devices:
         flags[device].zero_()
-    for flag in scratch.values():
-        flag.zero_()
+    # The scratch flag is written only by pass 1 of groups that do not skip; a step without
+    # such a group (e.g. the single-pass AdamW mode) leaves it alone: one launch less.
+    if any(g.hyper.needs_pass1 and g.hyper.nonfinite != "skip" for g in groups):
+        for flag in scratch.values():
+            flag.zero_()
 
     # Pass 1 (statistics, non-finite flag).
     for group, backend in zip(groups, backends):
@@ -194,7 +197,7 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
         decision = flags.get(skipped.device)
         if decision is None:
             decision = flags[skip_devices[0]].to(skipped.device, non_blocking=True)
-        skipped.add_(decision.to(torch.int64))
+        skipped.add_(decision)  # int64 += int32 in place: no conversion launch
     return flags[skip_devices[0]]
 
 
