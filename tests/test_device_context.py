@@ -53,6 +53,18 @@ def test_cuda_explicit_index_is_used(fake_cuda):
     assert fake_cuda.calls == [("device", 1)]
 
 
+def test_cuda_already_current_switches_nothing(fake_cuda, monkeypatch):
+    """With CUDA initialised and the device already current, no device switch is made."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    ctx = _device._get_device_context("cuda:3")
+    assert isinstance(ctx, contextlib.nullcontext)
+    assert fake_cuda.calls == []
+    # another index still switches
+    with _device._get_device_context("cuda:1") as idx:
+        assert idx == 1
+    assert fake_cuda.calls == [("device", 1)]
+
+
 def test_cuda_without_index_means_the_current_device_not_zero(fake_cuda):
     with _device._get_device_context(torch.device("cuda")) as idx:
         assert idx == 3

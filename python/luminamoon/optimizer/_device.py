@@ -71,16 +71,24 @@ def _set_index_context(getter, setter, index: int):
         setter(previous)
 
 
+# Reusable: nullcontext keeps no state between uses.
+_NO_CHANGE = contextlib.nullcontext()
+
+
 def _get_device_context(device):
     """A context manager that makes ``device`` current for kernel launches.
 
     ``contextlib.nullcontext()`` for CPU, MPS and meta.
     """
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     if device.type in _INDEXLESS_TYPES:
-        return contextlib.nullcontext()
+        return _NO_CHANGE
     index = _device_index(device)
     if device.type == "cuda":
+        # Already current (the common case, met several times per step): nothing to switch.
+        if torch.cuda.is_initialized() and torch.cuda.current_device() == index:
+            return _NO_CHANGE
         return torch.cuda.device(index)
     xpu = getattr(torch, "xpu", None)
     if device.type == "xpu" and xpu is not None:
