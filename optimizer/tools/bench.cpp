@@ -26,6 +26,7 @@
 //   has built its tables (nonfinite='raise' reads a flag on the host; bench does not offer it).
 // Exit codes: 0 done, 1 failure, 2 usage, as the other subcommands.
 #include "bench.h"
+#include "cli_args.h"
 
 #include <dlfcn.h>
 #include <time.h>
@@ -83,10 +84,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct UsageError {
-  std::string message;
-};
-
 constexpr std::int64_t kMaxElements = std::int64_t{1} << 44;  // 16 Ti elements: beyond any device
 
 struct BenchOptions {
@@ -107,18 +104,6 @@ struct BenchOptions {
   int threads = 0;
   std::string csv;
 };
-
-std::int64_t parse_int(const std::string& flag, const std::string& value, std::int64_t lo, std::int64_t hi) {
-  try {
-    std::size_t used = 0;
-    const long long v = std::stoll(value, &used);
-    if (used != value.size() || v < lo || v > hi) throw std::out_of_range("range");
-    return v;
-  } catch (const std::exception&) {
-    throw UsageError{flag + " takes an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got \"" +
-                     value + "\""};
-  }
-}
 
 double parse_clip(const std::string& flag, const std::string& value) {
   try {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "cli_args.h"
 #include "luminav/aot.h"
 #include "luminav/cuda_driver.h"
 #include "luminav/engine.h"
@@ -33,6 +34,7 @@
 namespace {
 
 using namespace luminav;
+using tools::UsageError;
 
 constexpr const char* kVersion = "0.1.0";
 
@@ -48,28 +50,12 @@ constexpr const char* kUsage =
     "  bench BUNDLE|- [options]           cold start and host time per step (bench --help)\n"
     "  version                            print versions\n";
 
-struct UsageError {
-  std::string message;
-};
-
 struct Options {
   std::string bundle;
   int device = 0;
   int steps = 3;
   bool require_gpu = false;
 };
-
-int parse_int(const std::string& flag, const std::string& value, int lo, int hi) {
-  try {
-    std::size_t used = 0;
-    const long v = std::stol(value, &used);
-    if (used != value.size() || v < lo || v > hi) throw std::out_of_range("range");
-    return static_cast<int>(v);
-  } catch (const std::exception&) {
-    throw UsageError{flag + " takes an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got \"" +
-                     value + "\""};
-  }
-}
 
 Options parse_options(const std::vector<std::string>& args, bool takes_steps, bool takes_require_gpu) {
   Options o;
@@ -80,9 +66,9 @@ Options parse_options(const std::vector<std::string>& args, bool takes_steps, bo
       return args[++i];
     };
     if (a == "--device") {
-      o.device = parse_int(a, value(), 0, 1 << 16);
+      o.device = static_cast<int>(tools::parse_int(a, value(), 0, 1 << 16));
     } else if (a == "--steps" && takes_steps) {
-      o.steps = parse_int(a, value(), 1, 1000);
+      o.steps = static_cast<int>(tools::parse_int(a, value(), 1, 1000));
     } else if (a == "--require-gpu" && takes_require_gpu) {
       o.require_gpu = true;
     } else if (!a.empty() && a[0] == '-') {

@@ -168,7 +168,7 @@ def validate_manifest(manifest: Any, path: str = MANIFEST_NAME) -> None:
         k = (entry["key"], entry["target"]["arch"])
         if k in seen:
             raise BundleError("duplicate", path, f"kernels[{i}]",
-                              f"one entry per (key, arch)",
+                              "one entry per (key, arch)",
                               f"({k[0]!r}, {k[1]}) again (first at kernels[{seen[k]}])")
         seen[k] = i
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ._backend import Backend
-from ._plan import BOUND_MODES, DTYPE_CODES, LaunchGroup, NONFINITE_POLICIES
+from ._plan import DTYPE_CODES, LaunchGroup, NONFINITE_POLICIES
 
 try:
     from .. import _luminav
