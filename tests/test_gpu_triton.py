@@ -429,3 +429,40 @@ def test_direct_launch_and_jit_launch_agree_bitwise(monkeypatch):
     for name in ("params", "exp_avgs", "exp_avg_sqs", "steps"):
         for j, (x, y) in enumerate(zip(getattr(results[0], name), getattr(results[1], name))):
             assert torch.equal(bits(x), bits(y)), f"{name}[{j}]: direct and JIT launches differ"
+
+
+def test_compiled_bf16_round_to_nearest_is_torchs_rounding_bitwise():
+    """The compiled round-to-nearest-even (the hardware conversion with NaN made canonical)
+    gives torch's bfloat16 bits for every class of float32: zeros, subnormals, ties in both
+    directions, the largest finite values (rounding up to inf), inf and NaN with any payload."""
+    import triton
+    import triton.language as tl
+
+    from luminamoon.optimizer import gpu_backend as gb
+
+    @triton.jit
+    def _rne_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        tl.store(y_ptr + offs, gb._to_bf16(x, 0, 0), mask=offs < n)
+
+    gen = torch.Generator().manual_seed(5)
+    random_bits = torch.randint(-2 ** 31, 2 ** 31, (1 << 22,), generator=gen, dtype=torch.int64)
+    special = []
+    for sign in (0, 0x80000000):
+        for exp in (0x00000000, 0x00800000, 0x3F800000, 0x7F000000, 0x7F800000):
+            for low in (0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x10000, 0x18000, 0x17FFF,
+                        0x7FFFFF, 0x7F8000, 0x400000):
+                special.append(sign | exp | low)
+    words = torch.cat([torch.tensor(special, dtype=torch.int64), random_bits])
+    words = words & 0xFFFFFFFF
+    x = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    x = x.view(torch.float32).cuda()
+    y = torch.empty(x.numel(), dtype=torch.bfloat16, device="cuda")
+    _rne_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    expected = x.to(torch.bfloat16)
+    diff = (bits(y) != bits(expected)).nonzero()
+    assert diff.numel() == 0, (
+        f"{diff.numel()} values round differently, first input bits "
+        f"{int(x.view(torch.int32)[diff[0]]) & 0xFFFFFFFF:#010x}: "
+        f"{int(bits(y)[diff[0]]):#06x} vs torch {int(bits(expected)[diff[0]]):#06x}")

@@ -270,7 +270,7 @@ def test_words_follow_the_streams():
     v = opt.state[p]["exp_avg_sq"].float()
     bc1 = torch.tensor(1 - 0.8999999761581421, dtype=torch.float32)
     bc2 = torch.tensor(1 - 0.9990000128746033, dtype=torch.float32)
-    u = (m / bc1) / (torch.sqrt(v / bc2) + torch.tensor(1e-8))
+    u = (m * (1.0 / bc1)) / (torch.sqrt(v * (1.0 / bc2)) + torch.tensor(1e-8))
     q = p_before.float() * (1 - torch.tensor(1e-3) * 0.0) - torch.tensor(1e-3) * u
     assert_bitwise_equal(p.detach(), rng.round_to_bf16(q, rng.random_words(seed, 1, 1, idx, 0)), "p")
     del ref

@@ -98,13 +98,13 @@ void scalar_step(std::vector<float>& p, const std::vector<float>& grad, std::vec
     const float g = grad[i] * sign;
     mn[i] = b1 * m[i] + (1.0f - b1) * g;
     vn[i] = b2 * v[i] + (1.0f - b2) * (g * g);
-    u[i] = (mn[i] / bc1) / (std::sqrt(vn[i] / bc2) + eps);
+    u[i] = (mn[i] * (1.0f / bc1)) / (std::sqrt(vn[i] * (1.0f / bc2)) + eps);
     s += static_cast<double>(u[i]) * u[i];
   }
   const float tau = static_cast<float>(h.clip) * std::sqrt(static_cast<float>(s) / static_cast<float>(n));
   for (std::size_t i = 0; i < n; ++i) {
     float ui = u[i];
-    if (h.clip > 0) ui = tau > 0 ? tau * std::tanh(ui / tau) : 0.0f;
+    if (h.clip > 0) ui = tau > 0 ? tau * std::tanh(ui * (1.0f / tau)) : 0.0f;
     float q = p[i] * (1.0f - lr * wd) - lr * ui;
     if (h.bound_mode != BoundMode::kNone) {
       const float r = h.bound_mode == BoundMode::kAbs ? static_cast<float>(h.bound)

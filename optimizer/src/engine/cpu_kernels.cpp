@@ -227,7 +227,8 @@ void round_tile(DType d, int n, float* x, const std::uint32_t* words) {
 
 // Per-tensor constants of one step.
 struct TensorConsts {
-  float sign, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, bc1, bc2;
+  float sign, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+  float rbc1, rbc2;  // 1 / bc1, 1 / bc2, each rounded to float32
   std::uint64_t key;  // seed_tk
   bool state_words;   // states are bf16 with stochastic rounding
   bool param_words;   // params are bf16 with stochastic rounding
@@ -243,8 +244,8 @@ TensorConsts tensor_consts(const GroupConfig& cfg, const TensorRow& row) {
   c.one_minus_beta2 = 1.0f - c.beta2;
   c.eps = static_cast<float>(h.eps);
   const std::int64_t t = *row.step + 1;
-  c.bc1 = bias_correction(c.beta1, t);
-  c.bc2 = bias_correction(c.beta2, t);
+  c.rbc1 = 1.0f / bias_correction(c.beta1, t);
+  c.rbc2 = 1.0f / bias_correction(c.beta2, t);
   c.key = stream_key(cfg.seed, t, row.param_index);
   const bool sr = cfg.sr();
   c.state_words = sr && cfg.state_dtype == DType::kBFloat16;
@@ -277,7 +278,7 @@ void moments_direction(const GroupConfig& cfg, const TensorConsts& c, std::int64
   if (c.state_words) random_words(c.key, global_first, n, 2u, t.w);
   round_tile(cfg.state_dtype, n, v, c.state_words ? t.w : nullptr);
   // 4. Adam direction
-  for (int i = 0; i < n; ++i) u[i] = (m[i] / c.bc1) / (std::sqrt(v[i] / c.bc2) + c.eps);
+  for (int i = 0; i < n; ++i) u[i] = (m[i] * c.rbc1) / (std::sqrt(v[i] * c.rbc2) + c.eps);
 }
 
 bool tile_all_finite(const float* g, int n) {
@@ -406,7 +407,8 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
         // 5. soft clip (pass 2 only)
         if (use_clip) {
           if (tau > 0) {
-            for (int i = 0; i < nt; ++i) u[i] = tau * std::tanh(u[i] / tau);
+            const float rtau = 1.0f / tau;
+            for (int i = 0; i < nt; ++i) u[i] = tau * std::tanh(u[i] * rtau);
           } else {
             for (int i = 0; i < nt; ++i) u[i] = 0.0f;
           }

@@ -206,8 +206,26 @@ def _random_word(key, idx, STREAM: tl.constexpr):
     return r0
 
 
+if _INTERPRET:
+
+    @triton.jit
+    def _to_bf16_rne(x):
+        return _to_bf16_bits(x, 0, 0)
+
+else:
+
+    @triton.jit
+    def _to_bf16_rne(x):
+        """float32 -> bfloat16, round to nearest even: the hardware conversion (cvt.rn.bf16.f32,
+        two values an instruction) with NaN made the canonical 0x7FC0 that _to_bf16_bits and
+        torch produce; the same bits as _to_bf16_bits(x, 0, 0) for every input."""
+        y = x.to(tl.bfloat16, fp_downcast_rounding="rtne")
+        canon = tl.full(y.shape, 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
+        return tl.where(x != x, canon, y)
+
+
 @triton.jit
-def _to_bf16(x, R, SR: tl.constexpr):
+def _to_bf16_bits(x, R, SR: tl.constexpr):
     """float32 -> bfloat16: stochastic with word R when SR (finite x), else round to nearest even.
 
     Done on the bits (the same integer operations compiled and interpreted): finite x adds
@@ -225,6 +243,15 @@ def _to_bf16(x, R, SR: tl.constexpr):
     special = tl.where(is_nan, 0x7FC0, bits >> 16)
     out = tl.where(finite, rounded, special)
     return out.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _to_bf16(x, R, SR: tl.constexpr):
+    """float32 -> bfloat16: stochastic with word R when SR, else round to nearest even."""
+    if SR:
+        return _to_bf16_bits(x, R, 1)
+    else:
+        return _to_bf16_rne(x)
 
 
 @triton.jit
@@ -273,7 +300,14 @@ def _bias_corrections(beta1, beta2, t):
 
 
 @triton.jit
-def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, bc1, bc2, key, idx,
+def _bias_reciprocals(beta1, beta2, t):
+    """(float32(1 / bc1), float32(1 / bc2)): once per program, so that each element multiplies."""
+    bc1, bc2 = _bias_corrections(beta1, beta2, t)
+    return tl.div_rn(1.0 + bc1 * 0.0, bc1), tl.div_rn(1.0 + bc2 * 0.0, bc2)
+
+
+@triton.jit
+def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
                    S_DTYPE: tl.constexpr, SR: tl.constexpr):
     """Steps 1-4 of docs/internals.md; pass 1 and pass 2 both call this, so their u agree.
 
@@ -290,7 +324,7 @@ def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, bc1, bc2, key, idx,
     m_r = _storage_to_f32(m_st, S_DTYPE)
     v_r = _storage_to_f32(v_st, S_DTYPE)
     # 4. Adam direction
-    u = tl.div_rn(tl.div_rn(m_r, bc1), tl.sqrt_rn(tl.div_rn(v_r, bc2)) + eps)
+    u = tl.div_rn(m_r * rbc1, tl.sqrt_rn(v_r * rbc2) + eps)
     return m_st, v_st, u
 
 
@@ -317,7 +351,7 @@ def _block_offsets(pid, block_start, BLOCK: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
-def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, key, sign, beta1, beta2, eps, bc1, bc2,
+def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, key, sign, beta1, beta2, eps, rbc1, rbc2,
                     G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
                     NEED_SUM: tl.constexpr):
     """(sum of u*u, any non-finite grad) over one block of elements."""
@@ -326,7 +360,7 @@ def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, key, sign, beta1, beta
     if NEED_SUM:
         m = _load_f32(m_ptr, offs, mask, S_DTYPE)
         v = _load_f32(v_ptr, offs, mask, S_DTYPE)
-        _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, bc1, bc2, key, idx,
+        _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
                                          S_DTYPE, SR)
         s = tl.sum(tl.where(mask, u * u, 0.0), axis=0)
     else:
@@ -336,7 +370,7 @@ def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, key, sign, beta1, beta
 
 @triton.jit
 def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
-                    beta2, eps, bc1, bc2, decay, tau, bound,
+                    beta2, eps, rbc1, rbc2, decay, tau, bound,
                     P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
                     SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr):
     """Steps 1-8 of docs/internals.md over one block of elements."""
@@ -344,7 +378,7 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr
     m = _load_f32(m_ptr, offs, mask, S_DTYPE)
     v = _load_f32(v_ptr, offs, mask, S_DTYPE)
     p = _load_f32(p_ptr, offs, mask, P_DTYPE)
-    m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, bc1, bc2, key, idx,
+    m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
                                    S_DTYPE, SR)
     # 5. soft clip (pass 2 only)
     if USE_CLIP:
@@ -352,7 +386,8 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr
         # gives NaN, as the unclipped update would
         tau_zero = tau == 0.0
         tau_safe = tl.where(tau_zero, 1.0, tau)
-        u = tl.where(tau_zero, 0.0, tau_safe * _triton_tanh_fast(tl.div_rn(u, tau_safe)))
+        rtau = tl.div_rn(1.0 + tau_safe * 0.0, tau_safe)
+        u = tl.where(tau_zero, 0.0, tau_safe * _triton_tanh_fast(u * rtau))
     # 6. decoupled decay and step
     q = p * decay - lr * u
     # 7. bound (modes 1, 2)
@@ -401,7 +436,7 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
     p0_ptr = _elem_ptr(p0_addr, P_DTYPE)
     t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
-    bc1, bc2 = _bias_corrections(beta1, beta2, t)
+    rbc1, rbc2 = _bias_reciprocals(beta1, beta2, t)
     key = _seed_tk(seed, t, param_index)
     lr = tl.load(lr_ptr)
     decay = 1.0 - lr * weight_decay
@@ -421,12 +456,12 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
         # a full block: the mask is uniform, so accesses stay 16-byte vectors
         mask = (tl.full([BLOCK], 1, tl.int1)) & ok
         _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
-                        beta2, eps, bc1, bc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
+                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
                         BOUND_MODE, USE_CLIP)
     else:
         mask = (offs < numel) & ok
         _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
-                        beta2, eps, bc1, bc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
+                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
                         BOUND_MODE, USE_CLIP)
 
 
@@ -462,21 +497,21 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
     if NEED_SUM:
         t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
-        bc1, bc2 = _bias_corrections(beta1, beta2, t)
+        rbc1, rbc2 = _bias_reciprocals(beta1, beta2, t)
         key = _seed_tk(seed, t, param_index)
     else:
-        bc1 = beta1 * 0.0 + 1.0
-        bc2 = beta2 * 0.0 + 1.0
+        rbc1 = beta1 * 0.0 + 1.0
+        rbc2 = beta2 * 0.0 + 1.0
         key = seed.to(tl.int64).to(tl.uint64, bitcast=True)
     idx = elem_offset + offs
     if start + BLOCK <= numel:
         mask = tl.full([BLOCK], 1, tl.int1)
         s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, key, sign, beta1, beta2,
-                                 eps, bc1, bc2, G_DTYPE, S_DTYPE, SR, NEED_SUM)
+                                 eps, rbc1, rbc2, G_DTYPE, S_DTYPE, SR, NEED_SUM)
     else:
         mask = offs < numel
         s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, key, sign, beta1, beta2,
-                                 eps, bc1, bc2, G_DTYPE, S_DTYPE, SR, NEED_SUM)
+                                 eps, rbc1, rbc2, G_DTYPE, S_DTYPE, SR, NEED_SUM)
     tl.store(partial_sum + pid, s)
     tl.store(partial_bad + pid, bad)
 
@@ -918,7 +953,8 @@ class _GroupState:
         return (group.params is lists[0] and group.exp_avgs is lists[1]
                 and group.exp_avg_sqs is lists[2] and group.steps is lists[3]
                 and group.p_inits is lists[4] and len(group.params) == self.ntensors
-                and tuple(map(_DATA_PTR, group.params)) == self.param_ptrs)
+                and (group.param_ptrs if group.param_ptrs is not None
+                     else tuple(map(_DATA_PTR, group.params))) == self.param_ptrs)
 
 
 class TritonBackend(Backend):
@@ -979,7 +1015,9 @@ class TritonBackend(Backend):
             if len(group.grads) != st.ntensors:
                 raise ValueError(f"LaunchGroup has {st.ntensors} params but "
                                  f"{len(group.grads)} grads")
-            grad_ptrs = tuple(map(_DATA_PTR, group.grads))
+            grad_ptrs = group.grad_ptrs
+            if grad_ptrs is None or len(grad_ptrs) != st.ntensors:
+                grad_ptrs = tuple(map(_DATA_PTR, group.grads))
             if grad_ptrs != st.grad_ptrs:
                 _refresh_grads(st, group, grad_ptrs)
             st.grads_seen = group.grads

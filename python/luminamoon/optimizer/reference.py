@@ -85,8 +85,8 @@ class _TensorStep:
         """(m stored, v stored, u): steps 1-4, shared by pass 1 and pass 2."""
         h = self.group.hyper
         state_dtype = self.group.state_dtype
-        bc1 = _bias_correction(h.beta1, self.t)
-        bc2 = _bias_correction(h.beta2, self.t)
+        rbc1 = 1.0 / _bias_correction(h.beta1, self.t)  # float32, once per tensor
+        rbc2 = 1.0 / _bias_correction(h.beta2, self.t)
         grad = self.grad.reshape(-1).to(torch.float32)
         m = self.exp_avg.reshape(-1).to(torch.float32)
         v = self.exp_avg_sq.reshape(-1).to(torch.float32)
@@ -101,7 +101,7 @@ class _TensorStep:
         m_new = m_store.to(torch.float32)
         v_new = v_store.to(torch.float32)
         # 4. Adam direction
-        u = (m_new / bc1) / (torch.sqrt(v_new / bc2) + h.eps)
+        u = (m_new * rbc1) / (torch.sqrt(v_new * rbc2) + h.eps)
         return m_store, v_store, u
 
 
@@ -152,7 +152,7 @@ class ReferenceBackend(Backend):
             if use_clip:
                 tau = h.clip * torch.sqrt(group.stats[j] / float(group.global_numels[j]))
                 safe_tau = torch.where(tau == 0, torch.ones_like(tau), tau)
-                u = torch.where(tau == 0, torch.zeros_like(u), tau * torch.tanh(u / safe_tau))
+                u = torch.where(tau == 0, torch.zeros_like(u), tau * torch.tanh(u * (1.0 / safe_tau)))
             # 6. decoupled decay and step
             p = param.reshape(-1).to(torch.float32)
             q = p * decay - lr * u
