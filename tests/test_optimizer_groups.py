@@ -115,6 +115,49 @@ def test_plan_is_cached_and_rebuilt_on_change():
     assert int(opt.state[a]["step"]) == 5 and int(opt.state[b]["step"]) == 3
 
 
+def test_plan_notices_every_change_the_step_depends_on():
+    """A gradient dropped, a parameter swapped inside a group's list, a gradient of another
+    dtype, a sparse gradient: each is seen on the next step (rebuild, or a clear error), and
+    the step then updates exactly the parameters that have gradients."""
+    a = torch.nn.Parameter(torch.ones(8))
+    b = torch.nn.Parameter(torch.ones(8))
+    opt = LuminaMoon([a, b], backend="reference", clip=0.0, nonfinite="propagate")
+    a.grad, b.grad = torch.ones(8), torch.ones(8)
+    opt.step()
+    plan = opt._plan
+    a.grad, b.grad = torch.ones(8), None  # b's gradient gone
+    b_before = b.detach().clone()
+    opt.step()
+    assert opt._plan is not plan
+    assert torch.equal(b.detach(), b_before) and int(opt.state[b]["step"]) == 1
+    assert int(opt.state[a]["step"]) == 2
+    plan = opt._plan
+    c = torch.nn.Parameter(torch.ones(8))
+    opt.param_groups[0]["params"][1] = c  # the same list, another parameter in it
+    a.grad, c.grad = torch.ones(8), torch.ones(8)
+    opt.step()
+    assert opt._plan is not plan and int(opt.state[c]["step"]) == 1
+    plan = opt._plan
+    a.grad, c.grad = torch.ones(8), torch.ones(8)
+    opt.step()
+    assert opt._plan is plan  # nothing changed: the plan is reused
+    if hasattr(a, "grad_dtype"):  # torch >= 2.9: a gradient dtype apart from the parameter's
+        a.grad = None
+        a.grad_dtype = torch.bfloat16
+        a.grad, c.grad = torch.ones(8, dtype=torch.bfloat16), torch.ones(8)
+        opt.step()
+        assert opt._plan is not plan
+        assert {g.grad_dtype for g in opt._plan.groups} == {torch.bfloat16, torch.float32}
+        a.grad = None
+        a.grad_dtype = None
+    a.grad = torch.ones(8).to_sparse()
+    c.grad = torch.ones(8)
+    c_before = c.detach().clone()
+    with pytest.raises(ValueError, match="sparse"):
+        opt.step()
+    assert torch.equal(c.detach(), c_before)  # refused: nothing changed
+
+
 def test_zero_grad_and_closure():
     p = torch.nn.Parameter(torch.ones(3))
     opt = LuminaMoon([p], backend="reference")

@@ -268,7 +268,9 @@ class AotBackend(Backend):
         if cached is not None and cached[0] == (int(group.seed), group.hyper, len(group)):
             state = cached[1]
             if fresh_step or not state.grads_checked:
-                grad_ptrs = tuple(g.data_ptr() for g in group.grads)
+                grad_ptrs = group.grad_ptrs
+                if grad_ptrs is None or len(grad_ptrs) != len(group.grads):
+                    grad_ptrs = tuple(g.data_ptr() for g in group.grads)
                 if grad_ptrs != state.grad_ptrs:
                     rows = _rows(group)
                     if state.static_rows != [r[:1] + r[2:] for r in rows]:

@@ -7,6 +7,7 @@ change. The update itself runs through :func:`luminamoon.optimizer.functional.ru
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -45,17 +46,33 @@ def _plan_key(group: Dict[str, Any]) -> tuple:
     return tuple(tuple(group[k]) if k == "betas" else group[k] for k in _PLAN_KEYS)
 
 
-class _Plan:
-    """Launch groups of one step layout, their backends, and what they were built from."""
+_DATA_PTR = torch.Tensor.data_ptr
+_DTYPE = operator.attrgetter("dtype")
+_GRAD = operator.attrgetter("grad")
 
-    def __init__(self, signature, groups: List[LaunchGroup], backends: List[Backend],
-                 lr_sources: List[int], grad_sources: List[List[torch.Tensor]]):
-        self.signature = signature
+
+class _Plan:
+    """Launch groups of one step layout, their backends, and what they were built from.
+
+    The plan stays valid while every param group holds the same parameter objects and
+    hyperparameters (lr aside), the same parameters have gradients, every parameter keeps its
+    storage address, and every gradient keeps its plan's dtype and a dense layout.
+    """
+
+    def __init__(self, groups: List[LaunchGroup], backends: List[Backend],
+                 lr_sources: List[int], grad_sources: List[List[torch.Tensor]],
+                 param_lists: List[Tuple[list, tuple]], keys: List[tuple],
+                 without_grad: List[torch.Tensor], sharded: bool):
         self.groups = groups
         self.backends = backends
         self.lr_sources = lr_sources  # param-group index of each launch group
         self.grad_sources = grad_sources  # parameters of each launch group, in order
-        self.sharded = False  # any DTensor parameter: grads are read through their local shard
+        self.param_lists = param_lists  # per param group: (its params list, its items then)
+        self.keys = keys  # per param group: _plan_key
+        self.without_grad = without_grad  # parameters that had no gradient
+        self.sharded = sharded  # any DTensor parameter: grads are read through their local shard
+        # per launch group: the storage addresses of its (local) parameters
+        self.param_ptrs = [tuple(map(_DATA_PTR, g.params)) for g in groups]
 
 
 class LuminaMoon(torch.optim.Optimizer):
@@ -212,26 +229,48 @@ class LuminaMoon(torch.optim.Optimizer):
     # ---------------------------------------------------------------------------------
     # planning
     # ---------------------------------------------------------------------------------
-    def _signature(self) -> tuple:
-        """What the launch plan depends on, computed on every step: keep it cheap.
+    def _take_grads(self, plan: _Plan) -> bool:
+        """Checks that ``plan`` still describes the parameters, on every step: keep it cheap.
 
-        Per param group its hyperparameters (lr excluded); per parameter whether it has a
-        gradient and, if so, the parameter's storage address and the gradient's dtype and
-        layout. (A gradient lives on its parameter's device: autograd enforces it.) Local
-        shards are looked up only when the optimizer holds DTensor parameters.
+        When it does, hands each launch group this step's gradients with their addresses and
+        its parameters' addresses (checked here once, so that backends need not look again)
+        and returns True; else returns False and changes nothing. (A gradient lives on its
+        parameter's device: autograd enforces it.)
         """
-        parts = []
-        sharded = self._has_dtensor()
-        for group in self.param_groups:
-            parts.append(_plan_key(group))
-            for p in group["params"]:
-                g = p.grad
-                if g is None:
-                    parts.append(None)
+        groups = self.param_groups
+        if len(groups) != len(plan.keys):
+            return False
+        for group, (params, items), key in zip(groups, plan.param_lists, plan.keys):
+            now = group["params"]
+            if (now is not params or len(now) != len(items)
+                    or not all(map(operator.is_, now, items)) or _plan_key(group) != key):
+                return False
+        for p in plan.without_grad:
+            if p.grad is not None:
+                return False
+        taken = []
+        for launch, owners, param_ptrs in zip(plan.groups, plan.grad_sources, plan.param_ptrs):
+            grads = list(map(_GRAD, owners))
+            try:
+                # None (a gradient gone) has no dtype; a sparse gradient has no data pointer
+                if set(map(_DTYPE, grads)) != {launch.grad_dtype}:
+                    return False
+                if plan.sharded:
+                    grads = [local_tensor(g) for g in grads]
+                    now_ptrs = tuple(_DATA_PTR(local_tensor(p)) for p in owners)
                 else:
-                    ptr = local_tensor(p).data_ptr() if sharded else p.data_ptr()
-                    parts.append((id(p), ptr, g.dtype, g.layout))
-        return tuple(parts)
+                    now_ptrs = tuple(map(_DATA_PTR, owners))
+                grad_ptrs = tuple(map(_DATA_PTR, grads))
+            except (AttributeError, RuntimeError):
+                return False
+            if now_ptrs != param_ptrs:
+                return False
+            taken.append((grads, grad_ptrs))
+        for launch, param_ptrs, (grads, grad_ptrs) in zip(plan.groups, plan.param_ptrs, taken):
+            launch.grads = grads
+            launch.grad_ptrs = grad_ptrs
+            launch.param_ptrs = param_ptrs
+        return True
 
     def _has_dtensor(self) -> bool:
         count = sum(len(g["params"]) for g in self.param_groups)
@@ -241,7 +280,7 @@ class LuminaMoon(torch.optim.Optimizer):
             self._dtensor_census = cached
         return cached[1]
 
-    def _build_plan(self, signature) -> _Plan:
+    def _build_plan(self) -> _Plan:
         # 1. Validate everything before touching any state.
         for gi, group in enumerate(self.param_groups):
             validate_hyperparameters(group, where=f" (param group {gi})")
@@ -313,25 +352,28 @@ class LuminaMoon(torch.optim.Optimizer):
             for p in created:
                 self.state.pop(p, None)
             raise
-        plan = _Plan(signature, groups, backends, lr_sources, sources)
-        plan.sharded = self._has_dtensor()
-        return plan
+        param_lists = [(g["params"], tuple(g["params"])) for g in self.param_groups]
+        keys = [_plan_key(g) for g in self.param_groups]
+        without_grad = [p for g in self.param_groups for p in g["params"] if p.grad is None]
+        return _Plan(groups, backends, lr_sources, sources, param_lists, keys, without_grad,
+                     self._has_dtensor())
 
     def _current_plan(self) -> _Plan:
-        signature = self._signature()
         plan = self._plan
-        if plan is None or plan.signature != signature:
-            plan = self._build_plan(signature)
+        if plan is None or not self._take_grads(plan):
+            self._plan = None
+            plan = self._build_plan()
+            if not self._take_grads(plan):
+                raise RuntimeError("the step's plan does not describe the parameters it was "
+                                   "built from")
             self._plan = plan
-        for launch, gi, owners in zip(plan.groups, plan.lr_sources, plan.grad_sources):
+        for launch, gi in zip(plan.groups, plan.lr_sources):
             lr = self.param_groups[gi]["lr"]
             if not isinstance(lr, torch.Tensor) and not (math.isfinite(lr) and lr >= 0):
+                for other in plan.groups:
+                    other.grads, other.grad_ptrs = [], None
                 raise ValueError(f"lr (param group {gi}) must be >= 0, got {lr!r}")
             launch.lr = lr
-            if plan.sharded:
-                launch.grads = [local_tensor(p.grad) for p in owners]
-            else:
-                launch.grads = [p.grad for p in owners]
         return plan
 
     # ---------------------------------------------------------------------------------
@@ -354,6 +396,7 @@ class LuminaMoon(torch.optim.Optimizer):
         finally:
             for launch in plan.groups:  # do not keep gradients alive between steps
                 launch.grads = []
+                launch.grad_ptrs = None
         return loss
 
     def _describe_flat(self, k: int) -> str:
