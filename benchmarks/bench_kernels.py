@@ -23,7 +23,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_step as bs  # noqa: E402
 
 
-def kernel_times(opt, steps: int):
+def _set_steps(opt, t: int) -> None:
+    for state in opt.state.values():
+        state["step"].fill_(t)
+
+
+def kernel_times(opt, steps: int, reset_to=None):
+    """Median device time of each kernel over ``steps`` steps. ``reset_to``: every step starts
+    from that step count (written in place), so the kernels never find the step's constants
+    in their cache and compute them."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -31,6 +39,8 @@ def kernel_times(opt, steps: int):
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
+            if reset_to is not None:
+                _set_steps(opt, reset_to)
             opt.step()
         torch.cuda.synchronize()
     per = collections.defaultdict(list)
@@ -71,6 +81,9 @@ def main() -> int:
     ap.add_argument("--mode", default="clip")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default=None, help="CSV file to append to")
+    ap.add_argument("--start-step", type=int, default=0,
+                    help="step count to start from; also times steps that recompute the "
+                         "step constants (counters written back before each step)")
     args = ap.parse_args()
     device = torch.device("cuda")
     case = next(c for c in bs.all_cases() if c.label == args.case)
@@ -78,6 +91,14 @@ def main() -> int:
     params = bs.make_params(case, device)
     opt, dtypes, hp = bs.build("luminamoon-triton", args.mode, params)
     numel = case.numel
+    if args.start_step:
+        opt.step()
+        _set_steps(opt, args.start_step)
+        missed = kernel_times(opt, args.steps, reset_to=args.start_step)
+        print(f"{args.case} {args.mode} from step {args.start_step}, constants computed by "
+              f"every program: " + ", ".join(f"{n.split('_kernel')[0]} {t:.1f} us"
+                                             for n, (t, _) in missed.items() if "lumina" in n))
+        _set_steps(opt, args.start_step)
     times = kernel_times(opt, args.steps)
     total = sum(t * k for t, k in times.values())
     nbytes = bs.bytes_per_element(*dtypes, hp.get("clip", 0.0), hp.get("bound_mode", "none"),

@@ -171,7 +171,9 @@ def test_bundle_manifest_fields_present_and_typed(bundle, request):
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk == man
     assert on_disk["format"] == "luminamoon-aot-bundle"
-    assert on_disk["format_version"] == 1
+    assert on_disk["format_version"] == 2
+    from luminamoon.optimizer.gpu_backend import TABLE_COLS
+    assert on_disk["table_cols"] == TABLE_COLS
     assert on_disk["triton_version"] == triton.__version__
     assert isinstance(on_disk["created_by"], str) and on_disk["created_by"].startswith("luminamoon")
     variants = _variants_for(bundle)

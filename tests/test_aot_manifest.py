@@ -126,6 +126,25 @@ def test_missing_or_mistyped_format_version(bundle):
     assert err.code == "bad_type" and 'found "1"' in str(err)
 
 
+def test_table_cols_required_from_version_2_and_implied_by_version_1(bundle):
+    man = _manifest(bundle)
+    assert mf.table_cols(man) == man["table_cols"]
+    del man["table_cols"]
+    _write(bundle, man)
+    err = _refusal(bundle)
+    assert err.code == "missing_field" and err.field == "table_cols"
+    for bad in ("18", 0, 5000):
+        man["table_cols"] = bad
+        _write(bundle, man)
+        err = _refusal(bundle)
+        assert err.code == "bad_value" and err.field == "table_cols"
+    del man["table_cols"]
+    man["format_version"] = 1
+    _write(bundle, man)
+    mf.validate_manifest(_manifest(bundle))
+    assert mf.table_cols(man) == mf.V1_TABLE_COLS == 12
+
+
 @pytest.mark.parametrize("field", sorted(mf.KERNEL_FIELDS))
 def test_missing_kernel_field(bundle, field):
     man = _manifest(bundle)

@@ -287,6 +287,39 @@ def test_cache_is_reused_and_follows_new_grad_tensors():
 
 
 @in_process
+@pytest.mark.parametrize("sr", [True, False], ids=["sr", "rne"])
+def test_step_constant_cache_follows_the_step_counters(sr):
+    """The table's cache of each step's constants: filled by the update kernel for the next
+    step, read when it holds the step being applied, ignored when it does not (a counter
+    changed in place, a skipped step); every step matches the reference."""
+    case = Case(BF16, BF16, BF16, clip=1.0, nonfinite="skip", sr=sr,
+                shapes=((2500,), (7,), (1030,)))
+    group = make_group(case, "cpu")
+    backend = gb.TritonBackend()
+    cache = gb.COL_CACHE
+    plan = [("step", None), ("step", None), ("counter", 1_000_000), ("step", None),
+            ("skip", None), ("step", None), ("counter", 6), ("step", None)]
+    for s, (what, value) in enumerate(plan):
+        if what == "counter":
+            for step in group.steps:
+                step.fill_(value)
+            continue
+        group.grads = new_grads(group, 50 + s, nonfinite_at=(1, 3) if what == "skip" else None)
+        ref = clone_group(group)
+        copy_state(group, ref)
+        t_before = [int(x) for x in group.steps]
+        f_a = run_step(backend, group)
+        f_e = run_step(ReferenceBackend(), ref)
+        assert int(f_a) == int(f_e) == (1 if what == "skip" else 0)
+        assert_groups_close(group, ref, f"step {s} ({what})")
+        table = group.cache["triton"].table
+        for j, t in enumerate(t_before):
+            # after a step that applies t + 1, slot (t + 2) & 1 holds step t + 2
+            slot = cache + ((t + 2) & 1) * 3
+            assert int(table[j, slot]) == t + 2, f"tensor {j}: cache slot not written"
+
+
+@in_process
 def test_new_param_tensors_rebuild_the_tables():
     case = Case(F32, F32, F32, shapes=((131,), (7,)))
     group = make_group(case, "cpu")

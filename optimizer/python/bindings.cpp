@@ -230,6 +230,7 @@ NB_MODULE(_luminav, m) {
     nb::dict d;
     d["dir"] = man.dir();
     d["format_version"] = man.format_version();
+    d["table_cols"] = man.table_cols();
     d["created_by"] = man.created_by();
     d["triton_version"] = man.triton_version();
     nb::list kernels;
@@ -292,6 +293,7 @@ NB_MODULE(_luminav, m) {
   }, "param_dtype"_a, "grad_dtype"_a, "state_dtype"_a, "clip"_a, "bound_mode"_a, "nonfinite"_a,
      "stochastic_rounding"_a, "The AOT variant keys the engine launches for one launch group.");
   m.attr("GPU_BLOCK") = luminav::gpu::kBlock;
+  m.attr("GPU_TABLE_COLS") = luminav::gpu::kTableCols;
 
   nb::class_<AotGroup>(m, "AotGroup", "A launch group's AOT kernels loaded on one CUDA device.")
       .def("__init__", [](AotGroup* self, const std::string& bundle_dir, int device, int param_dtype, int grad_dtype,

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -80,6 +81,11 @@ class TempDir {
 inline void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
 inline void write_text(const std::string& path, const std::string& text) {
@@ -159,7 +165,8 @@ inline json add_variant(const TempDir& dir, const std::string& key, int arch, co
 
 inline json manifest_with(const std::vector<json>& kernels) {
   return json{{"format", "luminamoon-aot-bundle"},
-              {"format_version", 1},
+              {"format_version", 2},
+              {"table_cols", 18},  // the engine's (gpu_launch.h kTableCols)
               {"created_by", "luminamoon 0.1.0"},
               {"triton_version", "3.6.0"},
               {"kernels", kernels}};

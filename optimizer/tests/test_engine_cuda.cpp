@@ -165,7 +165,7 @@ void run(Launch l) {
     const std::int32_t found_inf = l.reads_flag ? *static_cast<const std::int32_t*>(at(l.args[1])) : 0;
     const auto* table = static_cast<const std::int64_t*>(at(l.args[0]));
     for (std::uint64_t r = 0; r < l.args[2]; ++r) {
-      *static_cast<std::int64_t*>(at(static_cast<CUdeviceptr>(table[r * 12 + 5]))) += 1 - found_inf;
+      *static_cast<std::int64_t*>(at(static_cast<CUdeviceptr>(table[r * luminav::gpu::kTableCols + 5]))) += 1 - found_inf;
     }
   }
   dev().launches.push_back(l);
@@ -412,23 +412,24 @@ TEST_F(EngineCudaTest, AStepIsItsKernelsOnlyAndTheFirstSkippingGroupCountsApplie
   EXPECT_EQ(commit.args[kTable], pass1.args[kTable]);
 
   // The table: the tensors' rows, then a row with no elements whose STEP is the counter.
+  constexpr std::size_t kCols = luminav::gpu::kTableCols;
   const std::vector<std::int64_t> t = table(commit, 6);
   std::int64_t start = 0;
   for (std::size_t j = 0; j < 5; ++j) {
-    EXPECT_EQ(t[j * 12 + 6], numels[j]) << j;
-    EXPECT_EQ(t[j * 12 + 7], start) << j;
-    EXPECT_EQ(t[j * 12 + 9], static_cast<std::int64_t>(j)) << j;
+    EXPECT_EQ(t[j * kCols + 6], numels[j]) << j;
+    EXPECT_EQ(t[j * kCols + 7], start) << j;
+    EXPECT_EQ(t[j * kCols + 9], static_cast<std::int64_t>(j)) << j;
     start += (numels[j] + 1023) / 1024;
   }
-  const std::int64_t* counter_row = &t[5 * 12];
-  for (std::size_t col = 0; col < 12; ++col) {
+  const std::int64_t* counter_row = &t[5 * kCols];
+  for (std::size_t col = 0; col < kCols; ++col) {
     if (col != 5) {
       EXPECT_EQ(counter_row[col], 0) << "column " << col;
     }
   }
   ASSERT_NE(counter_row[5], 0);
   std::set<std::int64_t> step_counters;
-  for (std::size_t j = 0; j < 5; ++j) step_counters.insert(t[j * 12 + 5]);
+  for (std::size_t j = 0; j < 5; ++j) step_counters.insert(t[j * kCols + 5]);
   EXPECT_EQ(step_counters.count(counter_row[5]), 0u) << "the counter is none of the tensors' step counters";
   // skipped = steps with a skipping group - applied: the counter the row points at is the one read.
   *static_cast<std::int64_t*>(fake_mem::at(static_cast<CUdeviceptr>(counter_row[5]))) = 3;
@@ -553,7 +554,7 @@ TEST_F(EngineCudaTest, GroupsThatDoNotSkipRaiseAFlagOfTheirOwnAndOnlyTheFirstSki
   EXPECT_EQ(l[11].args[kCommitCount], 2u);  // 1 tensor + the counter
   EXPECT_EQ(l[12].args[kCommitCount], 3u);
   EXPECT_EQ(l[13].args[kCommitCount], 2u);
-  EXPECT_EQ(table(l[11], 2)[12 + 6], 0);  // the counter's row has no elements
+  EXPECT_EQ(table(l[11], 2)[luminav::gpu::kTableCols + 6], 0);  // the counter's row has no elements
   EXPECT_EQ(l[11].args[kCommitFlag], found_inf);
   EXPECT_EQ(l[13].args[kCommitFlag], found_inf);
   // Every pointer a bundle kernel gets is 16-byte aligned (docs/bundle-format.md).
@@ -672,6 +673,26 @@ TEST_F(EngineCudaTest, ACorruptCubinIsRefusedWhenFirstNeededBeforeAnythingIsEnqu
   e->step(nullptr);
   EXPECT_EQ(kinds(dev().launches), (std::vector<std::string>{"pass1", "reduce", "pass2", "commit"}));
   EXPECT_EQ(dev().dtod, copies + 1);
+}
+
+TEST_F(EngineCudaTest, ABundleForAnotherTableLayoutIsRefusedBeforeAnythingIsEnqueued) {
+  static_assert(luminav::gpu::kTableCols == 18, "aot_fixtures.h writes table_cols 18");
+  const Hyper h = clip_skip();
+  write_bundle({config(h)});
+  // A bundle of the first format: its kernels read 12-column tables.
+  json man = json::parse(read_text(dir_.file("manifest.json")));
+  man["format_version"] = 1;
+  man.erase("table_cols");
+  write_manifest(dir_, man);
+  auto e = engine();
+  add_group(*e, h, {3000});
+  const std::vector<float> before = params_.back();
+  expect_error([&] { e->step(nullptr); }, Status::kBundleError,
+               {dir_.path(), "format_version 1", "tables of 12 columns", "writes 18",
+                "luminamoon aot build --out " + dir_.path()});
+  EXPECT_TRUE(dev().launches.empty());
+  EXPECT_EQ(params_.back(), before);
+  EXPECT_EQ(e->param_step(0), 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ class ManifestTest : public ::testing::Test {
 
 TEST_F(ManifestTest, LoadsAValidBundle) {
   const AotManifest m = AotManifest::load(dir_.path());
-  EXPECT_EQ(m.format_version(), 1);
+  EXPECT_EQ(m.format_version(), 2);
+  EXPECT_EQ(m.table_cols(), 18);
   EXPECT_EQ(m.created_by(), "luminamoon 0.1.0");
   EXPECT_EQ(m.triton_version(), "3.6.0");
   ASSERT_EQ(m.kernels().size(), 1u);
@@ -170,13 +171,26 @@ TEST_F(ManifestTest, RefusesAMissingOrUnknownFormat) {
 }
 
 TEST_F(ManifestTest, RefusesANewerOrMissingFormatVersion) {
-  expect_refused([](json& m) { m["format_version"] = 2; },
-                 {manifest_path(), "field \"format_version\"", "expected at most 1", "found integer 2", "update luminav"});
+  expect_refused([](json& m) { m["format_version"] = 3; },
+                 {manifest_path(), "field \"format_version\"", "expected at most 2", "found integer 3", "update luminav"});
   expect_refused([](json& m) { m.erase("format_version"); },
                  {"field \"format_version\"", "the field is missing"});
   expect_refused([](json& m) { m["format_version"] = "1"; },
                  {"field \"format_version\"", "expected an integer", "found string \"1\""});
   expect_refused([](json& m) { m["format_version"] = 0; }, {"field \"format_version\"", "found integer 0"});
+}
+
+TEST_F(ManifestTest, TableColsIsRequiredFromVersion2AndImpliedByVersion1) {
+  expect_refused([](json& m) { m.erase("table_cols"); }, {"field \"table_cols\"", "the field is missing"});
+  expect_refused([](json& m) { m["table_cols"] = "18"; }, {"field \"table_cols\"", "found string \"18\""});
+  expect_refused([](json& m) { m["table_cols"] = 0; }, {"field \"table_cols\"", "found integer 0"});
+  json v1 = json::parse(read_text(manifest_path()));
+  v1["format_version"] = 1;
+  v1.erase("table_cols");
+  write_text(manifest_path(), v1.dump());
+  const AotManifest m = AotManifest::load(dir_.path());
+  EXPECT_EQ(m.format_version(), 1);
+  EXPECT_EQ(m.table_cols(), luminav::kAotBundleV1TableCols);
 }
 
 TEST_F(ManifestTest, RefusesMissingOrEmptyKernels) {

@@ -18,7 +18,10 @@
 namespace luminav {
 
 constexpr const char* kAotBundleFormat = "luminamoon-aot-bundle";
-constexpr int kAotBundleFormatVersion = 1;  // the newest format_version this loader reads
+constexpr int kAotBundleFormatVersion = 2;  // the newest format_version this loader reads
+// Columns of the device tables the kernels of a format_version 1 bundle read (version 2
+// manifests say it in "table_cols").
+constexpr int kAotBundleV1TableCols = 12;
 
 // SHA-256 (OpenSSL EVP) as 64 lowercase hex digits.
 std::string sha256_hex(const void* data, std::size_t size);
@@ -130,6 +133,8 @@ class AotManifest {
   const std::string& dir() const { return dir_; }
   const std::string& manifest_path() const { return manifest_path_; }
   int format_version() const { return format_version_; }
+  // Columns of the int64 device table the bundle's kernels read (docs/internals.md).
+  int table_cols() const { return table_cols_; }
   const std::string& created_by() const { return created_by_; }
   const std::string& triton_version() const { return triton_version_; }
   const std::vector<KernelMetadata>& kernels() const { return kernels_; }
@@ -150,6 +155,7 @@ class AotManifest {
   std::string dir_;
   std::string manifest_path_;
   int format_version_ = 0;
+  int table_cols_ = 0;
   std::string created_by_;
   std::string triton_version_;
   std::vector<KernelMetadata> kernels_;

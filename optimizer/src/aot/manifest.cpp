@@ -470,6 +470,8 @@ AotManifest AotManifest::parse(const std::string& json_text, const std::string& 
                describe(fv) + "; update luminav, or build the bundle with a luminamoon that matches it");
     }
     out.format_version_ = static_cast<int>(top.integer(doc, "format_version", 1, kAotBundleFormatVersion));
+    out.table_cols_ = out.format_version_ >= 2 ? static_cast<int>(top.integer(doc, "table_cols", 1, 4096))
+                                               : kAotBundleV1TableCols;
     out.created_by_ = top.string(doc, "created_by", true);
     out.triton_version_ = top.string(doc, "triton_version", true);
     const json& kernels = top.field(doc, "kernels", "an array of kernel variants");

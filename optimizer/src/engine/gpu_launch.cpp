@@ -68,7 +68,7 @@ HostTables build_tables(const TensorRow* rows, std::size_t n) {
     row[8] = r.elem_offset;
     row[9] = r.param_index;
     row[10] = r.global_numel;
-    row[11] = 0;
+    // row[11] and the step-constant cache (12..17) start at zero: no cached step
     start += (r.numel + kBlock - 1) / kBlock;
   }
   if (start > 0x7FFFFFFF) {
@@ -110,6 +110,14 @@ GroupScalars group_scalars(const GroupConfig& cfg) {
 
 GroupKernels::GroupKernels(std::shared_ptr<AotRuntime> runtime, int device, const GroupConfig& cfg)
     : rt_(std::move(runtime)), device_(device), cfg_(cfg), scalars_(group_scalars(cfg)) {
+  const AotManifest& man = rt_->manifest();
+  if (man.table_cols() != kTableCols) {
+    throw Error(Status::kBundleError,
+                "bundle " + man.dir() + " (format_version " + std::to_string(man.format_version()) + ", created by " +
+                    man.created_by() + ") holds kernels that read device tables of " +
+                    std::to_string(man.table_cols()) + " columns; this luminav writes " + std::to_string(kTableCols) +
+                    ". Rebuild the bundle with this release: luminamoon aot build --out " + man.dir());
+  }
   const VariantKeys k = variant_keys(cfg);
   if (cfg.needs_pass1()) {
     pass1_ = &resolve(k.pass1);

@@ -23,7 +23,7 @@ constexpr int kReduceRBlock = 8192;
 constexpr int kReduceWarps = 8;
 constexpr int kCommitTBlock = 1024;
 constexpr int kCommitWarps = 4;
-constexpr int kTableCols = 12;
+constexpr int kTableCols = 18;  // gpu_backend.TABLE_COLS
 
 // The keys one launch group runs (gpu_backend.variants_for): pass1/reduce/pass2 when pass 1 is
 // needed, else single_pass; commit always. Unused keys are empty.
@@ -34,7 +34,7 @@ VariantKeys variant_keys(const GroupConfig& cfg);
 // The commit variant with CHECK_FLAG = 1 (the engine's applied-step counter uses it).
 std::string commit_key(bool check_flag);
 
-// Host images of a group's device tables: int64 [n, 12] and int32 [nblocks].
+// Host images of a group's device tables: int64 [n, kTableCols] and int32 [nblocks].
 struct HostTables {
   std::vector<std::int64_t> table;
   std::vector<std::int32_t> block_map;

@@ -214,6 +214,12 @@ def _created_by() -> str:
         return f"luminamoon {getattr(pkg, '__version__', 'unknown')}"
 
 
+def _table_cols() -> int:
+    from ..optimizer.gpu_backend import TABLE_COLS
+
+    return int(TABLE_COLS)
+
+
 def _check_archs(archs: Iterable[Any]) -> Tuple[int, ...]:
     out = []
     for a in archs:
@@ -327,6 +333,7 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        "table_cols": _table_cols(),
         "created_by": _created_by(),
         "triton_version": compat.triton_version(),
         "kernels": entries,

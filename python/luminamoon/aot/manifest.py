@@ -1,4 +1,4 @@
-"""The bundle manifest (format_version 1): schema, writer, loader and verifier.
+"""The bundle manifest (format_version 2): schema, writer, loader and verifier.
 
 A bundle is a folder: ``manifest.json`` plus one ``.cubin`` per compiled kernel variant and
 arch. The C++ runtime (``luminav::AotManifest``) and this module read the same file and refuse
@@ -18,7 +18,10 @@ from . import compat
 from .cubin import CubinError, has_symbol, parse_cubin
 
 FORMAT = "luminamoon-aot-bundle"
-FORMAT_VERSION = 1  # the newest format_version this reader understands
+FORMAT_VERSION = 2  # the newest format_version this reader understands
+# Columns of the device table that the kernels of a format_version 1 bundle read; from
+# version 2 the manifest says it in "table_cols".
+V1_TABLE_COLS = 12
 MANIFEST_NAME = "manifest.json"
 KERNEL_NAMES = ("pass1", "reduce", "pass2", "single_pass", "commit")
 MAX_TRAILING_SCRATCH_PTRS = 2
@@ -162,6 +165,13 @@ def validate_manifest(manifest: Any, path: str = MANIFEST_NAME) -> None:
                           "or rebuild the bundle with this one" if version > FORMAT_VERSION
                           else "")
     _check_fields(manifest, TOP_FIELDS, path, "")
+    if version >= 2:
+        if "table_cols" not in manifest:
+            raise BundleError("missing_field", path, "table_cols", "an integer (required)",
+                              "nothing", "rebuild the bundle with `luminamoon aot build`")
+        if not _is_int(manifest["table_cols"]) or not 1 <= manifest["table_cols"] <= 4096:
+            raise BundleError("bad_value", path, "table_cols", "an integer in 1..4096",
+                              _show(manifest["table_cols"]))
     seen: Dict[Tuple[str, int], int] = {}
     for i, entry in enumerate(manifest["kernels"]):
         validate_kernel_entry(entry, path, i)
@@ -171,6 +181,12 @@ def validate_manifest(manifest: Any, path: str = MANIFEST_NAME) -> None:
                               "one entry per (key, arch)",
                               f"({k[0]!r}, {k[1]}) again (first at kernels[{seen[k]}])")
         seen[k] = i
+
+
+def table_cols(manifest: Mapping[str, Any]) -> int:
+    """Columns of the device table the bundle's kernels read (12 for format_version 1)."""
+    return int(manifest.get("table_cols", V1_TABLE_COLS)) if manifest["format_version"] >= 2 \
+        else V1_TABLE_COLS
 
 
 def validate_kernel_entry(entry: Any, path: str, i: int) -> None:

@@ -117,9 +117,14 @@ else:
 # ----------------------------------------------------------------------------------------------
 # Table layout (docs/internals.md, "Device tables")
 # ----------------------------------------------------------------------------------------------
-TABLE_COLS = 12
+TABLE_COLS = 18
 COL_PARAM, COL_GRAD, COL_EXP_AVG, COL_EXP_AVG_SQ, COL_P_INIT, COL_STEP = 0, 1, 2, 3, 4, 5
 COL_NUMEL, COL_BLOCK_START, COL_ELEM_OFFSET, COL_PARAM_INDEX, COL_GLOBAL_NUMEL = 6, 7, 8, 9, 10
+# Columns 12-17: the step-constant cache, two slots of (t, bits of rbc1 | bits of rbc2 << 32,
+# seed_tk) for the steps t with t & 1 == slot; written by the update kernels, zero on the host.
+COL_CACHE = 12
+_TC: tl.constexpr = tl.constexpr(TABLE_COLS)
+_CC: tl.constexpr = tl.constexpr(COL_CACHE)
 
 # Every element address must be a multiple of this (bytes): the kernels declare it to the
 # compiler so that loads and stores become 16-byte vector accesses.
@@ -132,8 +137,8 @@ ALIGN_BYTES = 16
 
 @triton.jit
 def _load_row(table, row):
-    """The 11 used columns of table row ``row`` (int64 values)."""
-    base = table + row.to(tl.int64) * 12
+    """The 11 host-written columns of table row ``row`` (int64 values)."""
+    base = table + row.to(tl.int64) * _TC
     param = tl.load(base + 0)
     grad = tl.load(base + 1)
     exp_avg = tl.load(base + 2)
@@ -307,6 +312,47 @@ def _bias_reciprocals(beta1, beta2, t):
 
 
 @triton.jit
+def _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY: tl.constexpr):
+    """(rbc1, rbc2, seed_tk) of step t for table row ``row``.
+
+    From the row's cache slot t & 1 when it holds step t (written by the previous step's update
+    kernel), else computed here: the float64 power costs a loop of log2(t) iterations in every
+    thread of every program, which the cache saves. Either way the same bits.
+    """
+    slot = table + row.to(tl.int64) * _TC + _CC + (t & 1) * 3
+    tag = tl.load(slot)
+    if tag == t:
+        packed = tl.load(slot + 1)
+        rbc1 = (packed & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        rbc2 = ((packed >> 32) & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        if NEED_KEY:
+            key = tl.load(slot + 2).to(tl.uint64, bitcast=True)
+        else:
+            key = tag.to(tl.uint64, bitcast=True)
+    else:
+        rbc1, rbc2 = _bias_reciprocals(beta1, beta2, t)
+        if NEED_KEY:
+            key = _seed_tk(seed, t, param_index)
+        else:
+            key = tag.to(tl.uint64, bitcast=True)
+    return rbc1, rbc2, key
+
+
+@triton.jit
+def _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2):
+    """Writes step t + 1's constants into slot (t + 1) & 1 of the row: a slot no program of
+    step t reads, so the writes race with nothing (a skipped step leaves slot t & 1 valid)."""
+    tn = t + 1
+    slot = table + row.to(tl.int64) * _TC + _CC + (tn & 1) * 3
+    rbc1, rbc2 = _bias_reciprocals(beta1, beta2, tn)
+    packed = (rbc1.to(tl.uint32, bitcast=True).to(tl.int64)
+              | (rbc2.to(tl.uint32, bitcast=True).to(tl.int64) << 32))
+    tl.store(slot + 1, packed)
+    tl.store(slot + 2, _seed_tk(seed, tn, param_index).to(tl.int64, bitcast=True))
+    tl.store(slot, tn)
+
+
+@triton.jit
 def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
                    S_DTYPE: tl.constexpr, SR: tl.constexpr):
     """Steps 1-4 of docs/internals.md; pass 1 and pass 2 both call this, so their u agree.
@@ -436,8 +482,10 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
     p0_ptr = _elem_ptr(p0_addr, P_DTYPE)
     t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
-    rbc1, rbc2 = _bias_reciprocals(beta1, beta2, t)
-    key = _seed_tk(seed, t, param_index)
+    rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, SR)
+    # the first program of each tensor prepares the next step's constants
+    if pid == block_start:
+        _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2)
     lr = tl.load(lr_ptr)
     decay = 1.0 - lr * weight_decay
     if USE_CLIP:
@@ -497,8 +545,7 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
     if NEED_SUM:
         t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
-        rbc1, rbc2 = _bias_reciprocals(beta1, beta2, t)
-        key = _seed_tk(seed, t, param_index)
+        rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, SR)
     else:
         rbc1 = beta1 * 0.0 + 1.0
         rbc2 = beta2 * 0.0 + 1.0
@@ -522,7 +569,7 @@ def _lumina_tdclm_reduce_kernel(table, partial_sum, partial_bad, stats, found_in
                                 BLOCK: tl.constexpr, RBLOCK: tl.constexpr):
     """stats[j] = S_j from tensor j's partials in a fixed order; raises found_inf (int atomic)."""
     j = tl.program_id(0)
-    base = table + j.to(tl.int64) * 12
+    base = table + j.to(tl.int64) * _TC
     numel = tl.load(base + 6)
     block_start = tl.load(base + 7)
     nblk = (numel + BLOCK - 1) // BLOCK
@@ -585,7 +632,7 @@ def _lumina_tdclm_commit_kernel(table, found_inf, ntensors: tl.int32,
     while c < ntensors:
         j = c + tl.arange(0, TBLOCK)
         msk = j < ntensors
-        addr = tl.load(table + j.to(tl.int64) * 12 + 5, mask=msk, other=0)
+        addr = tl.load(table + j.to(tl.int64) * _TC + 5, mask=msk, other=0)
         ptr = addr.to(tl.pointer_type(tl.int64))
         cur = tl.load(ptr, mask=msk, other=0)
         tl.store(ptr, cur + inc, mask=msk)
@@ -1184,7 +1231,8 @@ def _build_state(group: LaunchGroup) -> _GroupState:
         rows.append([group.params[j].data_ptr(), group.grads[j].data_ptr(),
                      group.exp_avgs[j].data_ptr(), group.exp_avg_sqs[j].data_ptr(), p0,
                      group.steps[j].data_ptr(), numel, block_start, int(group.elem_offsets[j]),
-                     int(group.param_indices[j]), int(group.global_numels[j]), 0])
+                     int(group.param_indices[j]), int(group.global_numels[j])]
+                    + [0] * (TABLE_COLS - COL_GLOBAL_NUMEL - 1))
         nblocks_per.append(nb)
         block_start += nb
     nblocks = block_start

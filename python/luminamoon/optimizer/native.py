@@ -180,12 +180,12 @@ class _AotState:
             starts.append(acc)
             acc += nb
         self.nblocks = acc
-        host = torch.zeros((len(rows), 12), dtype=torch.int64)
+        host = torch.zeros((len(rows), _luminav.GPU_TABLE_COLS), dtype=torch.int64)
         for j, r in enumerate(rows):
             param, grad, m, v, p0, step, numel, off, k, gnumel = r
-            host[j] = torch.tensor([_signed64(param), _signed64(grad), _signed64(m), _signed64(v),
+            host[j, :11] = torch.tensor([_signed64(param), _signed64(grad), _signed64(m), _signed64(v),
                                     _signed64(p0), _signed64(step), numel, starts[j], off, k,
-                                    gnumel, 0], dtype=torch.int64)
+                                    gnumel], dtype=torch.int64)  # the cache columns: 0
         self.table = host.to(device)
         self.static_rows = [r[:1] + r[2:] for r in rows]  # every column but the gradient's
         self.grad_ptrs = tuple(r[1] for r in rows)
