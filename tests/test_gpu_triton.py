@@ -432,9 +432,9 @@ def test_direct_launch_and_jit_launch_agree_bitwise(monkeypatch):
 
 
 def test_compiled_bf16_round_to_nearest_is_torchs_rounding_bitwise():
-    """The compiled round-to-nearest-even (the hardware conversion with NaN made canonical)
-    gives torch's (CPU) bfloat16 bits for every class of float32: zeros, subnormals, ties in both
-    directions, the largest finite values (rounding up to inf), inf and NaN with any payload."""
+    """The compiled round-to-nearest-even (the hardware conversion) gives torch's bfloat16 bits
+    for every class of float32: zeros, subnormals, ties in both directions, the largest finite
+    values (rounding up to inf) and inf; NaN with any payload stays NaN."""
     import triton
     import triton.language as tl
 
@@ -460,9 +460,12 @@ def test_compiled_bf16_round_to_nearest_is_torchs_rounding_bitwise():
     x = x.view(torch.float32).cuda()
     y = torch.empty(x.numel(), dtype=torch.bfloat16, device="cuda")
     _rne_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
-    # torch's CPU rounding (c10's round-to-nearest-even: NaN -> 0x7FC0, as the C++ engine);
-    # torch's CUDA conversion gives 0x7FFF for NaN instead
+    # torch's rounding; a NaN's payload is not part of the contract (torch stores 0x7FFF on
+    # CUDA and other patterns on CPUs): NaN in, some NaN out
     expected = x.cpu().to(torch.bfloat16).cuda()
+    nan = torch.isnan(x)
+    assert int(nan.sum()) > 1000 and bool(torch.isnan(y[nan]).all()), "a NaN did not stay NaN"
+    x, y, expected = x[~nan], y[~nan], expected[~nan]
     diff = (bits(y) != bits(expected)).nonzero()
     assert diff.numel() == 0, (
         f"{diff.numel()} values round differently, first input bits "

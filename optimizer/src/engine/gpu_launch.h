@@ -19,8 +19,8 @@ namespace gpu {
 // reported as missing a variant rather than launched with the wrong layout.
 constexpr int kBlock = 1024;
 constexpr int kBlockWarps = 4;
-constexpr int kReduceRBlock = 8192;
-constexpr int kReduceWarps = 8;
+constexpr int kReduceRBlock = 16384;
+constexpr int kReduceWarps = 16;
 constexpr int kCommitTBlock = 1024;
 constexpr int kCommitWarps = 4;
 constexpr int kTableCols = 18;  // gpu_backend.TABLE_COLS

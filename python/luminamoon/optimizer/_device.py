@@ -82,14 +82,18 @@ def _get_device_context(device):
     """
     if not isinstance(device, torch.device):
         device = torch.device(device)
+    if device.type == "cuda":
+        # Already current (the common case, met several times per step): nothing to switch.
+        # An index-less "cuda" means the current device.
+        index = device.index
+        if torch.cuda.is_initialized():
+            if index is None or index == torch.cuda.current_device():
+                return _NO_CHANGE
+            return torch.cuda.device(index)
+        return torch.cuda.device(index if index is not None else _device_index(device))
     if device.type in _INDEXLESS_TYPES:
         return _NO_CHANGE
     index = _device_index(device)
-    if device.type == "cuda":
-        # Already current (the common case, met several times per step): nothing to switch.
-        if torch.cuda.is_initialized() and torch.cuda.current_device() == index:
-            return _NO_CHANGE
-        return torch.cuda.device(index)
     xpu = getattr(torch, "xpu", None)
     if device.type == "xpu" and xpu is not None:
         return xpu.device(index)

@@ -222,11 +222,10 @@ else:
     @triton.jit
     def _to_bf16_rne(x):
         """float32 -> bfloat16, round to nearest even: the hardware conversion (cvt.rn.bf16.f32,
-        two values an instruction) with NaN made the canonical 0x7FC0 that _to_bf16_bits and
-        torch produce; the same bits as _to_bf16_bits(x, 0, 0) for every input."""
-        y = x.to(tl.bfloat16, fp_downcast_rounding="rtne")
-        canon = tl.full(y.shape, 0x7FC0, tl.uint16).to(tl.bfloat16, bitcast=True)
-        return tl.where(x != x, canon, y)
+        two values an instruction); the same bits as _to_bf16_bits(x, 0, 0) for every input but
+        NaN, which becomes a NaN (0x7FFF) here. (A NaN's payload is not part of the contract:
+        torch itself stores 0x7FFF on CUDA, and other patterns on CPUs.)"""
+        return x.to(tl.bfloat16, fp_downcast_rounding="rtne")
 
 
 @triton.jit
@@ -359,10 +358,11 @@ def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
 
     Returns (m', v') rounded to the state dtype (in that dtype) and u (float32).
     """
-    # 1. gradient, sign applied
-    g = g_raw * sign
+    # 1. gradient, sign applied: folded into the scalar (1 - beta1) * sign, the same bits as
+    # (1 - beta1) * (g * sign) since a sign flip is exact; (g * sign)**2 is g * g
+    g = g_raw
     # 2. moments
-    m_new = beta1 * m + (1.0 - beta1) * g
+    m_new = beta1 * m + ((1.0 - beta1) * sign) * g
     v_new = beta2 * v + (1.0 - beta2) * (g * g)
     # 3. round moments to their storage dtype (streams 1 and 2)
     m_st = _to_storage(m_new, S_DTYPE, SR, key, idx, 1)
@@ -703,11 +703,13 @@ KERNEL_SPECS: Dict[str, KernelSpec] = {
 # group must share BLOCK (one block_map), and reduce must know it.
 ELEMENTWISE_BLOCK = 1024
 ELEMENTWISE_WARPS = 4
-# Reduce: one program per tensor sums cdiv(numel, BLOCK) partials in chunks of RBLOCK. 8192 with
-# 8 warps took 2-4 % off the clipped step of the 256M tensor against 1024/4 (fewer dependent
-# chunk loads in the one program that owns the 262144 partials).
-REDUCE_RBLOCK = 8192
-REDUCE_WARPS = 8
+# Reduce: one program per tensor sums cdiv(numel, BLOCK) partials in chunks of RBLOCK. The one
+# program that owns the 262144 partials of a 256M tensor waits on its chunk loads one after the
+# other: 8192 with 8 warps took 2-4 % off the clipped step against 1024/4, and 16384 with 16
+# warps 4-6 % more (fp32 2671 vs 2838 us, bf16 5420 vs 5529 us; 32768/32: 2848, 5457;
+# benchmarks/results/2026-11-29-h200-tune-2.csv).
+REDUCE_RBLOCK = 16384
+REDUCE_WARPS = 16
 # Commit: one program; 1024 counters per chunk covers the 1000-tiny-tensor case in one pass.
 COMMIT_TBLOCK = 1024
 COMMIT_WARPS = 4
@@ -871,19 +873,30 @@ def _hook_active(hook) -> bool:
     return calls is None or len(calls) > 0
 
 
+_HOOK_HOLDER = None  # where this Triton keeps its launch hooks: knobs.runtime or CompiledKernel
+
+
+def _hook_holder():
+    global _HOOK_HOLDER
+    if _HOOK_HOLDER is None:
+        knobs = getattr(triton, "knobs", None)
+        runtime = getattr(knobs, "runtime", None) if knobs is not None else None
+        if runtime is None:
+            try:
+                from triton.compiler import CompiledKernel as runtime
+            except ImportError:
+                return None
+        _HOOK_HOLDER = runtime
+    return _HOOK_HOLDER
+
+
 def _launch_hooks_set() -> bool:
     """A launch hook (profilers) needs the JIT's own path, which builds its metadata."""
-    knobs = getattr(triton, "knobs", None)
-    runtime = getattr(knobs, "runtime", None) if knobs is not None else None
-    if runtime is not None:
-        return (_hook_active(getattr(runtime, "launch_enter_hook", None))
-                or _hook_active(getattr(runtime, "launch_exit_hook", None)))
-    try:
-        from triton.compiler import CompiledKernel
-    except ImportError:
+    holder = _hook_holder()
+    if holder is None:
         return True
-    return (_hook_active(getattr(CompiledKernel, "launch_enter_hook", None))
-            or _hook_active(getattr(CompiledKernel, "launch_exit_hook", None)))
+    return (_hook_active(getattr(holder, "launch_enter_hook", None))
+            or _hook_active(getattr(holder, "launch_exit_hook", None)))
 
 
 _DIRECT_LAUNCH: Optional[bool] = None
