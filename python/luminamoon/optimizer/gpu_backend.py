@@ -311,20 +311,27 @@ def _bias_reciprocals(beta1, beta2, t):
 
 
 @triton.jit
-def _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY: tl.constexpr):
+def _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY: tl.constexpr,
+                    BOTH_SLOTS: tl.constexpr):
     """(rbc1, rbc2, seed_tk) of step t for table row ``row``.
 
     From the row's cache slot t & 1 when it holds step t (written by the previous step's update
     kernel), else computed here: the float64 power costs a loop of log2(t) iterations in every
     thread of every program, which the cache saves. Either way the same bits.
     """
-    # both slots are loaded (their addresses do not wait for t), then the one of t's parity
-    # is taken
     cache = table + row.to(tl.int64) * _TC + _CC
-    odd = (t & 1) == 1
-    tag = tl.where(odd, tl.load(cache + 3), tl.load(cache))
-    packed = tl.where(odd, tl.load(cache + 4), tl.load(cache + 1))
-    cached_key = tl.where(odd, tl.load(cache + 5), tl.load(cache + 2))
+    if BOTH_SLOTS:
+        # both slots loaded (their addresses do not wait for t), then the one of t's parity
+        # taken: pass 1, whose element loads are issued first, then overlaps all of them
+        odd = (t & 1) == 1
+        tag = tl.where(odd, tl.load(cache + 3), tl.load(cache))
+        packed = tl.where(odd, tl.load(cache + 4), tl.load(cache + 1))
+        cached_key = tl.where(odd, tl.load(cache + 5), tl.load(cache + 2))
+    else:
+        slot = cache + (t & 1) * 3
+        tag = tl.load(slot)
+        packed = tl.load(slot + 1)
+        cached_key = tl.load(slot + 2)
     if tag == t:
         rbc1 = (packed & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
         rbc2 = ((packed >> 32) & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
@@ -404,7 +411,8 @@ def _program_constants(table, row, step_addr, seed, param_index, beta1, beta2, N
     Called after a program has issued its element loads: the step counter and cache loads it
     waits on then overlap with them."""
     t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
-    rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY)
+    rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY,
+                                      True)
     return t, rbc1, rbc2, key
 
 
@@ -431,39 +439,19 @@ def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, table, row, step_addr,
 
 
 @triton.jit
-def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, in_bounds, idx, table, row,
-                    step_addr, seed, param_index, global_numel, stats, found_inf, lr_ptr, sign,
-                    beta1, beta2, eps, weight_decay, clip, bound,
+def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
+                    beta2, eps, rbc1, rbc2, decay, tau, bound,
                     P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
-                    SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
-                    CHECK_FLAG: tl.constexpr, BLOCK: tl.constexpr):
-    """Steps 1-8 of docs/internals.md over one block of elements; returns the step t.
-
-    The element loads come first (masked by the bounds only), then everything they do not need
-    (the step's constants, lr, tau, the skip decision), so that those loads' latencies overlap.
-    """
-    g_raw = _load_f32(g_ptr, offs, in_bounds, G_DTYPE)
-    m = _load_f32(m_ptr, offs, in_bounds, S_DTYPE)
-    v = _load_f32(v_ptr, offs, in_bounds, S_DTYPE)
-    p = _load_f32(p_ptr, offs, in_bounds, P_DTYPE)
-    if BOUND_MODE != 0:
-        p0 = _load_f32(p0_ptr, offs, in_bounds, P_DTYPE)
-    t, rbc1, rbc2, key = _program_constants(table, row, step_addr, seed, param_index, beta1,
-                                            beta2, SR)
-    lr = tl.load(lr_ptr)
-    decay = 1.0 - lr * weight_decay
-    # every element's store mask also carries the step's skip decision (one int1 for the
-    # program; an int1 tensor, not a Python bool, so that every Triton's interpreter takes it)
-    if CHECK_FLAG:
-        mask = in_bounds & _step_applies(found_inf, offs)
-    else:
-        mask = in_bounds
+                    SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr):
+    """Steps 1-8 of docs/internals.md over one block of elements."""
+    g_raw = _load_f32(g_ptr, offs, mask, G_DTYPE)
+    m = _load_f32(m_ptr, offs, mask, S_DTYPE)
+    v = _load_f32(v_ptr, offs, mask, S_DTYPE)
+    p = _load_f32(p_ptr, offs, mask, P_DTYPE)
     m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
                                    S_DTYPE, SR)
     # 5. soft clip (pass 2 only)
     if USE_CLIP:
-        s_sum = tl.load(stats + row)
-        tau = clip * tl.sqrt_rn(tl.div_rn(s_sum, global_numel.to(tl.float32)))
         # tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads, nonfinite="propagate")
         # gives NaN, as the unclipped update would
         tau_zero = tau == 0.0
@@ -474,6 +462,7 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, in_bounds, idx, ta
     q = p * decay - lr * u
     # 7. bound (modes 1, 2)
     if BOUND_MODE != 0:
+        p0 = _load_f32(p0_ptr, offs, mask, P_DTYPE)
         if BOUND_MODE == 1:
             r = bound + p0 * 0.0
         else:
@@ -484,7 +473,6 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, in_bounds, idx, ta
     tl.store(p_ptr + offs, _to_storage(q, P_DTYPE, SR, key, idx, 0), mask=mask)
     tl.store(m_ptr + offs, m_st, mask=mask)
     tl.store(v_ptr + offs, v_st, mask=mask)
-    return t
 
 
 @triton.jit
@@ -517,22 +505,37 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
     p0_ptr = _elem_ptr(p0_addr, P_DTYPE)
-    idx = elem_offset + offs
-    if start + BLOCK <= numel:
-        # a full block: the mask is uniform, so accesses stay 16-byte vectors
-        t = _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs,
-                            tl.full([BLOCK], 1, tl.int1), idx, table, row, step_addr, seed,
-                            param_index, global_numel, stats, found_inf, lr_ptr, sign, beta1,
-                            beta2, eps, weight_decay, clip, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
-                            BOUND_MODE, USE_CLIP, CHECK_FLAG, BLOCK)
-    else:
-        t = _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, offs < numel, idx, table,
-                            row, step_addr, seed, param_index, global_numel, stats, found_inf,
-                            lr_ptr, sign, beta1, beta2, eps, weight_decay, clip, bound, P_DTYPE,
-                            G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, BLOCK)
+    t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
+    rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, SR,
+                                      False)
     # the first program of each tensor prepares the next step's constants
     if pid == block_start:
         _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2)
+    lr = tl.load(lr_ptr)
+    decay = 1.0 - lr * weight_decay
+    if USE_CLIP:
+        s_sum = tl.load(stats + row)
+        tau = clip * tl.sqrt_rn(tl.div_rn(s_sum, global_numel.to(tl.float32)))
+    else:
+        tau = clip * 0.0
+    idx = elem_offset + offs
+    # every element's mask also carries the step's skip decision (one int1 for the program;
+    # an int1 tensor, not a Python bool, so that every Triton's interpreter takes it as a mask)
+    if CHECK_FLAG:
+        ok = _step_applies(found_inf, offs)
+    else:
+        ok = tl.full([BLOCK], 1, tl.int1)
+    if start + BLOCK <= numel:
+        # a full block: the mask is uniform, so accesses stay 16-byte vectors
+        mask = (tl.full([BLOCK], 1, tl.int1)) & ok
+        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
+                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
+                        BOUND_MODE, USE_CLIP)
+    else:
+        mask = (offs < numel) & ok
+        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
+                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
+                        BOUND_MODE, USE_CLIP)
 
 
 # ----------------------------------------------------------------------------------------------
