@@ -234,7 +234,7 @@ def _to_bf16_bits(x, R, SR: tl.constexpr):
 
     Done on the bits (the same integer operations compiled and interpreted): finite x adds
     (R & 0xFFFF) under SR, or 0x7FFF + lsb for round-to-nearest-even, and keeps the upper half;
-    +-inf keeps its upper half; NaN becomes the canonical 0x7FC0 (as torch rounds it).
+    +-inf keeps its upper half; NaN becomes 0x7FC0 (any NaN would do: docs/internals.md).
     """
     bits = x.to(tl.uint32, bitcast=True)
     finite = (bits & 0x7F800000) != 0x7F800000
