@@ -554,6 +554,8 @@ def test_cli_inspect_prints_an_aligned_table(toy_bundle, capsys):
     out, man = toy_bundle
     assert cli.main(["inspect", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
+    from luminamoon.optimizer.gpu_backend import TABLE_COLS
+    assert f"v2 ({TABLE_COLS}-column tables)" in lines[0]
     header = lines[1]
     assert header.split() == ["key", "kernel", "arch", "warps", "shared", "trailing", "scratch",
                               "cubin", "bytes"]

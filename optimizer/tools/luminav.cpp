@@ -123,7 +123,8 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
 void print_header(const AotManifest& m) {
   std::size_t bytes = 0;
   for (const auto& k : m.kernels()) bytes += k.cubin_bytes;
-  std::cout << m.dir() << ": format " << kAotBundleFormat << " v" << m.format_version() << ", created by "
+  std::cout << m.dir() << ": format " << kAotBundleFormat << " v" << m.format_version() << " (" << m.table_cols()
+            << "-column tables), created by "
             << (m.created_by().empty() ? "(unknown)" : m.created_by()) << ", Triton "
             << (m.triton_version().empty() ? "(unknown)" : m.triton_version()) << ", " << m.kernels().size()
             << " variants (" << m.keys().size() << " keys), " << human_bytes(bytes) << " of cubins\n";

@@ -1,4 +1,4 @@
-// The AOT bundle manifest (format "luminamoon-aot-bundle", format_version 1): parsing,
+// The AOT bundle manifest (format "luminamoon-aot-bundle", format_version 1 and 2): parsing,
 // validation, cubin verification (on first use, or all at once), and variant lookup by
 // (key, device arch).
 #include <openssl/evp.h>

@@ -6,6 +6,7 @@ import os
 import sys
 from typing import Any, List, Optional, Sequence, Tuple
 
+from . import manifest as mf
 from .manifest import BundleError, read_manifest, verify_bundle
 
 PROG = "luminamoon aot"
@@ -120,7 +121,8 @@ def _inspect(argv: Sequence[str]) -> int:
         size = str(os.path.getsize(path)) if os.path.isfile(path) else "missing"
         rows.append((e["key"], e["kernel"], f"sm_{e['target']['arch']}", str(e["num_warps"]),
                      str(e["shared_mem"]), str(e["num_trailing_scratch_ptrs"]), size))
-    print(f"{args.dir}: format {manifest['format']} v{manifest['format_version']}, "
+    print(f"{args.dir}: format {manifest['format']} v{manifest['format_version']} "
+          f"({mf.table_cols(manifest)}-column tables), "
           f"{manifest['created_by']}, Triton {manifest['triton_version']}, "
           f"{len(manifest['kernels'])} kernel(s)")
     if len(rows) > 1:
