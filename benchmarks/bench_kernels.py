@@ -62,8 +62,7 @@ def host_parts(opt, steps: int):
         run_launch_groups(plan.groups, plan.backends, flags=opt._flags, scratch=opt._scratch,
                           skipped=opt.skipped_steps, describe=opt._describe_flat)
         t2 = time.perf_counter_ns()
-        for g in plan.groups:
-            g.grads, g.grad_ptrs = [], None
+        plan.release_grads()
         plan_t.append((t1 - t0) / 1e3)
         run_t.append((t2 - t1) / 1e3)
     torch.cuda.synchronize()

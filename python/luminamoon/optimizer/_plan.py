@@ -63,8 +63,8 @@ class LaunchGroup:
     global_numels: List[int]  # element count of each whole tensor
     # Filled by pass 1 (float32 [ntensors] on `device`): S_j = sum of u*u over tensor j.
     stats: Optional[torch.Tensor] = None
-    # The data_ptr() of every param and grad, when the caller has just read them (the optimizer
-    # does, on every step); None: a backend reads them itself.
+    # The data_ptr() of every param and grad when the caller vouches for them (the optimizer
+    # checks both on every step); None: a backend reads them itself.
     param_ptrs: Optional[tuple] = None
     grad_ptrs: Optional[tuple] = None
     # Backend-private cache (device tables, compiled launchers...), keyed by the backend.

@@ -71,8 +71,13 @@ class _Plan:
         self.keys = keys  # per param group: _plan_key
         self.without_grad = without_grad  # parameters that had no gradient
         self.sharded = sharded  # any DTensor parameter: grads are read through their local shard
-        # per launch group: the storage addresses of its (local) parameters
-        self.param_ptrs = [tuple(map(_DATA_PTR, g.params)) for g in groups]
+        for g in groups:  # the storage addresses of its (local) parameters, checked every step
+            g.param_ptrs = tuple(map(_DATA_PTR, g.params))
+
+    def release_grads(self) -> None:
+        """Drops this step's gradients (and their addresses): none is kept alive between steps."""
+        for g in self.groups:
+            g.grads, g.grad_ptrs = [], None
 
 
 class LuminaMoon(torch.optim.Optimizer):
@@ -232,9 +237,9 @@ class LuminaMoon(torch.optim.Optimizer):
     def _take_grads(self, plan: _Plan) -> bool:
         """Checks that ``plan`` still describes the parameters, on every step: keep it cheap.
 
-        When it does, hands each launch group this step's gradients with their addresses and
-        its parameters' addresses (checked here once, so that backends need not look again)
-        and returns True; else returns False and changes nothing. (A gradient lives on its
+        When it does, hands each launch group this step's gradients with their addresses (its
+        ``param_ptrs``, set with the plan, are then checked: backends need not look again) and
+        returns True; else returns False and changes nothing. (A gradient lives on its
         parameter's device: autograd enforces it.)
         """
         groups = self.param_groups
@@ -249,7 +254,7 @@ class LuminaMoon(torch.optim.Optimizer):
             if p.grad is not None:
                 return False
         taken = []
-        for launch, owners, param_ptrs in zip(plan.groups, plan.grad_sources, plan.param_ptrs):
+        for launch, owners in zip(plan.groups, plan.grad_sources):
             grads = list(map(_GRAD, owners))
             try:
                 # None (a gradient gone) has no dtype; a sparse gradient has no data pointer
@@ -263,13 +268,11 @@ class LuminaMoon(torch.optim.Optimizer):
                 grad_ptrs = tuple(map(_DATA_PTR, grads))
             except (AttributeError, RuntimeError):
                 return False
-            if now_ptrs != param_ptrs:
+            if now_ptrs != launch.param_ptrs:
                 return False
             taken.append((grads, grad_ptrs))
-        for launch, param_ptrs, (grads, grad_ptrs) in zip(plan.groups, plan.param_ptrs, taken):
-            launch.grads = grads
-            launch.grad_ptrs = grad_ptrs
-            launch.param_ptrs = param_ptrs
+        for launch, (grads, grad_ptrs) in zip(plan.groups, taken):
+            launch.grads, launch.grad_ptrs = grads, grad_ptrs
         return True
 
     def _has_dtensor(self) -> bool:
@@ -370,8 +373,7 @@ class LuminaMoon(torch.optim.Optimizer):
         for launch, gi in zip(plan.groups, plan.lr_sources):
             lr = self.param_groups[gi]["lr"]
             if not isinstance(lr, torch.Tensor) and not (math.isfinite(lr) and lr >= 0):
-                for other in plan.groups:
-                    other.grads, other.grad_ptrs = [], None
+                plan.release_grads()
                 raise ValueError(f"lr (param group {gi}) must be >= 0, got {lr!r}")
             launch.lr = lr
         return plan
@@ -394,9 +396,7 @@ class LuminaMoon(torch.optim.Optimizer):
                               scratch=self._scratch, skipped=self.skipped_steps,
                               describe=self._describe_flat)
         finally:
-            for launch in plan.groups:  # do not keep gradients alive between steps
-                launch.grads = []
-                launch.grad_ptrs = None
+            plan.release_grads()
         return loss
 
     def _describe_flat(self, k: int) -> str:
