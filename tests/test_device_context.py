@@ -36,6 +36,9 @@ class Recorder:
 def fake_cuda(monkeypatch):
     rec = Recorder(current=3, generators=[object() for _ in range(5)])
     monkeypatch.setattr(torch.cuda, "current_device", rec.current_device)
+    # the fast path's own view of the current index, and its memory of initialisation
+    monkeypatch.setattr(_device, "_CUDA_GET_DEVICE", rec.current_device)
+    monkeypatch.setattr(_device, "_CUDA_INITIALIZED", False)
     monkeypatch.setattr(torch.cuda, "device", rec.device)
     monkeypatch.setattr(torch.cuda, "init", rec.init)
     monkeypatch.setattr(torch.cuda, "default_generators", tuple(rec.default_generators))

@@ -74,6 +74,19 @@ def _set_index_context(getter, setter, index: int):
 # Reusable: nullcontext keeps no state between uses.
 _NO_CHANGE = contextlib.nullcontext()
 
+# The current CUDA device's index without torch.cuda.current_device()'s initialisation checks
+# (taken only once CUDA is initialised); the public call where this torch lacks the binding.
+_CUDA_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+_CUDA_INITIALIZED = False
+
+
+def _cuda_ready() -> bool:
+    """torch.cuda.is_initialized(), remembered once true (CUDA stays initialised)."""
+    global _CUDA_INITIALIZED
+    if not _CUDA_INITIALIZED:
+        _CUDA_INITIALIZED = torch.cuda.is_initialized()
+    return _CUDA_INITIALIZED
+
 
 def _get_device_context(device):
     """A context manager that makes ``device`` current for kernel launches.
@@ -86,8 +99,8 @@ def _get_device_context(device):
         # Already current (the common case, met several times per step): nothing to switch.
         # An index-less "cuda" means the current device.
         index = device.index
-        if torch.cuda.is_initialized():
-            if index is None or index == torch.cuda.current_device():
+        if _cuda_ready():
+            if index is None or index == _CUDA_GET_DEVICE():
                 return _NO_CHANGE
             return torch.cuda.device(index)
         return torch.cuda.device(index if index is not None else _device_index(device))
