@@ -5,7 +5,10 @@ For each case (a set of parameter shapes and dtypes), mode and implementation it
 - bytes/step by the TDCLM byte count (docs/tdclm.md, README here), and the effective TB/s;
 - the fraction of a device-to-device copy ceiling measured in the same run (a 4 GiB copy,
   bytes read + written);
-- host us/step: perf_counter around ``step()`` without any sync, averaged.
+- host us/step: perf_counter around each ``step()`` (nothing waits for the device inside it),
+  the median and the mean over at least 100 steps (the timed steps for implementations slower
+  than 10 ms a step); the device is synchronised every 20 steps, outside the timed calls, so
+  that a full launch queue never makes a step wait.
 It prints a table and appends CSV rows to benchmarks/results/<date>-<device>.csv (--out).
 
 Run from a checkout:  PYTHONPATH=python python benchmarks/bench_step.py [--quick]
@@ -144,20 +147,27 @@ def bytes_per_element(param: torch.dtype, grad: torch.dtype, state: torch.dtype,
 @dataclass
 class Timing:
     us: float  # device time per step (median)
-    host_us: float  # host time per step (mean, no sync)
+    host_us: float  # host time per step (median, no sync inside a step)
+    host_mean_us: float  # the same, mean
 
 
 def time_steps(step: Callable[[], None], device: torch.device, steps: int, warmup: int
                ) -> Timing:
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
     for _ in range(warmup):
         step()
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     sync()
-    # host time: the loop alone, nothing waits for the device
-    t0 = time.perf_counter()
-    for _ in range(steps):
+    slow = (time.perf_counter() - t0) / max(warmup, 1) > 0.01
+    # host time: each step() alone; a sync every 20 steps, outside the timed calls, keeps the
+    # launch queue from filling up (then a launch, and the step, would wait for the device)
+    host = []
+    for i in range(steps if slow else max(steps, 100)):
+        t = time.perf_counter()
         step()
-    host = (time.perf_counter() - t0) / steps
+        host.append(time.perf_counter() - t)
+        if i % 20 == 19:
+            sync()
     sync()
     samples = []
     if device.type == "cuda":
@@ -174,7 +184,8 @@ def time_steps(step: Callable[[], None], device: torch.device, steps: int, warmu
             t = time.perf_counter()
             step()
             samples.append((time.perf_counter() - t) * 1e6)
-    return Timing(us=statistics.median(samples), host_us=host * 1e6)
+    return Timing(us=statistics.median(samples), host_us=statistics.median(host) * 1e6,
+                  host_mean_us=statistics.mean(host) * 1e6)
 
 
 def copy_ceiling_tbps(device: torch.device, nbytes: int = 4 * 2 ** 30, reps: int = 10) -> float:
@@ -221,14 +232,21 @@ def impls_for(case: BenchCase, mode: str, device: torch.device, chosen: Sequence
     for impl in chosen:
         if impl == "luminamoon-reference" and not case.small:
             continue  # far too slow at this size
-        if impl.startswith("torch-") and mode != "adamw":
-            continue  # AdamW is the baseline of the AdamW-equivalent mode only
+        if impl.startswith("torch-") and mode not in _torch_modes(case):
+            continue  # AdamW is the baseline of the AdamW-equivalent modes only
         if impl == "torch-adamw-fused" and device.type != "cuda":
             continue
         if impl == "luminamoon-triton" and device.type != "cuda":
             continue
         out.append(impl)
     return out
+
+
+def _torch_modes(case: BenchCase) -> Tuple[str, ...]:
+    """Modes torch.optim.AdamW is measured beside: "adamw", and for bf16 params also
+    "adamw-bf16m-rne", the same work as torch's (it keeps bf16 moments for bf16 params and
+    rounds to nearest), so the ratio comes from one run."""
+    return ("adamw", "adamw-bf16m-rne") if case.param_dtype == BF16 else ("adamw",)
 
 
 IMPLS = ["luminamoon-triton", "torch-adamw-fused", "torch-adamw-foreach", "luminamoon-reference"]
@@ -298,7 +316,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"device {dev_name} | torch {torch_v} | triton {triton_v} | {date}")
     print(f"copy ceiling (4 GiB device-to-device, read+write): {ceiling:.3f} TB/s")
     header = (f"{'case':<18} {'mode':<9} {'impl':<22} {'us/step':>10} {'B/elem':>7} "
-              f"{'TB/s':>7} {'ceil%':>6} {'host us':>9}")
+              f"{'TB/s':>7} {'ceil%':>6} {'host us':>9} {'(mean)':>8}")
     print(header)
     print("-" * len(header))
     rows = []
@@ -319,13 +337,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                 tbps = bpe * case.numel / (t.us * 1e-6) / 1e12
                 frac = tbps / ceiling if ceiling == ceiling else float("nan")
                 print(f"{case.label:<18} {mode:<9} {impl:<22} {t.us:>10.1f} {bpe:>7d} "
-                      f"{tbps:>7.3f} {100 * frac:>5.1f}% {t.host_us:>9.1f}")
+                      f"{tbps:>7.3f} {100 * frac:>5.1f}% {t.host_us:>9.1f} "
+                      f"{t.host_mean_us:>8.1f}")
                 rows.append(dict(device=dev_name, torch=torch_v, triton=triton_v, date=date,
                                  case=case.label, tensors=len(case.shapes), numel=case.numel,
                                  mode=mode, impl=impl, us_per_step=f"{t.us:.2f}",
                                  bytes_per_elem=bpe, tbps=f"{tbps:.4f}",
                                  ceiling_fraction=f"{frac:.4f}",
-                                 ceiling_tbps=f"{ceiling:.4f}", host_us=f"{t.host_us:.2f}"))
+                                 ceiling_tbps=f"{ceiling:.4f}", host_us=f"{t.host_us:.2f}",
+                                 host_mean_us=f"{t.host_mean_us:.2f}"))
                 del opt
                 gc.collect()
                 if device.type == "cuda":
@@ -333,6 +353,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if rows:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         new = not os.path.exists(out)
+        if not new:
+            with open(out, newline="") as f:
+                have = next(csv.reader(f), [])
+            if have != list(rows[0]):
+                print(f"{out} has other columns ({','.join(have)}); not appending. Give another "
+                      f"file with --out", file=sys.stderr)
+                return 1
         with open(out, "a", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             if new:
