@@ -431,6 +431,74 @@ def test_direct_launch_and_jit_launch_agree_bitwise(monkeypatch):
             assert torch.equal(bits(x), bits(y)), f"{name}[{j}]: direct and JIT launches differ"
 
 
+def test_optimizer_commit_last_equals_commit_and_torch_ops(monkeypatch):
+    """The optimizer's step ends in the commit_last kernel (step counters, skipped_steps +=
+    flag, flag = 0); the same steps with that kernel refused (two torch ops after the commit
+    instead) give the same bits, the same counts, and a clear flag after every step."""
+    from luminamoon import LuminaMoon
+    from luminamoon.optimizer import gpu_backend as gb
+
+    real = gb.TritonBackend.commit_last
+    runs = []
+    for use_kernel in (True, False):
+        used = []
+
+        def commit_last(self, group, found_inf, skipped, _use=use_kernel):
+            used.append(real(self, group, found_inf, skipped) if _use else False)
+            return used[-1]
+
+        monkeypatch.setattr(gb.TritonBackend, "commit_last", commit_last)
+        gen = torch.Generator(device="cuda").manual_seed(8)
+        params = [torch.nn.Parameter(torch.randn(s, device="cuda", generator=gen))
+                  for s in ((4099,), (33, 65), (1,))]
+        opt = LuminaMoon(params, lr=1e-2, clip=1.0, nonfinite="skip", seed=3, backend="triton")
+        for step in range(6):
+            for p in params:
+                p.grad = torch.randn(p.shape, device="cuda", generator=gen)
+            if step in (2, 3):
+                params[step - 1].grad.view(-1)[0] = float("nan")
+            opt.step()
+            assert [int(f) for f in opt._flags.values()] == [0], f"flag after step {step}"
+        assert used == [use_kernel] * 6
+        assert int(opt.skipped_steps) == 2
+        assert [int(opt.state[p]["step"]) for p in params] == [4, 4, 4]
+        runs.append([p.detach().clone() for p in params])
+    for j, (a, b) in enumerate(zip(*runs)):
+        assert torch.equal(bits(a), bits(b)), f"param {j}: commit_last and commit differ"
+
+
+def test_tensor_lr_followed_through_new_tensors_and_new_storage():
+    """The launches hand over addresses, not tensors: an lr given as a new tensor every step,
+    or moved to new storage in place (set_), is still the lr the kernels read: the steps equal
+    those of the same lrs given as floats, bitwise."""
+    from luminamoon import LuminaMoon
+
+    lrs = [1e-2, 3e-3, 7e-3, 5e-4]
+    runs = []
+    for mode in ("float", "new tensor", "set_"):
+        gen = torch.Generator(device="cuda").manual_seed(2)
+        params = [torch.nn.Parameter(torch.randn(s, device="cuda", generator=gen))
+                  for s in ((2049,), (17, 3))]
+        lr_t = torch.tensor(lrs[0], device="cuda")
+        opt = LuminaMoon(params, lr=lrs[0] if mode == "float" else lr_t, clip=1.0, seed=4,
+                         backend="triton")
+        for step, lr in enumerate(lrs):
+            for p in params:
+                p.grad = torch.randn(p.shape, device="cuda", generator=gen)
+            if mode == "float":
+                opt.param_groups[0]["lr"] = lr
+            elif mode == "new tensor":
+                opt.param_groups[0]["lr"] = torch.tensor(lr, device="cuda")
+            else:
+                lr_t.set_(torch.tensor(lr, device="cuda").untyped_storage())
+            opt.step()
+        torch.cuda.synchronize()
+        runs.append([p.detach().clone() for p in params])
+    for j in range(2):
+        assert torch.equal(bits(runs[0][j]), bits(runs[1][j])), f"param {j}: new tensors"
+        assert torch.equal(bits(runs[0][j]), bits(runs[2][j])), f"param {j}: set_"
+
+
 def test_compiled_bf16_round_to_nearest_is_torchs_rounding_bitwise():
     """The compiled round-to-nearest-even (the hardware conversion) gives torch's bfloat16 bits
     for every class of float32: zeros, subnormals, ties in both directions, the largest finite

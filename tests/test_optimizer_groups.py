@@ -236,3 +236,124 @@ def test_import_does_nothing_but_define():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[] False"
+
+
+# ------------------------------------------------------------------------------------------
+# torch.optim's step hooks and profiler range
+# ------------------------------------------------------------------------------------------
+def _hooked_params():
+    p = torch.nn.Parameter(torch.ones(4))
+    p.grad = torch.full((4,), 0.5)
+    return p
+
+
+def test_step_hooks_run_once_each_in_order():
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+
+    p = _hooked_params()
+    opt = LuminaMoon([p], backend="reference", clip=0.0)
+    calls = []
+
+    def pre(o, args, kwargs):
+        assert o is opt and int(o.state[p].get("step", 0)) == len(calls) // 4  # runs before
+        calls.append("pre")
+
+    def post(o, args, kwargs):
+        calls.append("post")
+
+    handles = [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post),
+               register_optimizer_step_pre_hook(lambda o, a, k: calls.append("global-pre")),
+               register_optimizer_step_post_hook(lambda o, a, k: calls.append("global-post"))]
+    try:
+        opt.step()
+        opt.step()
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls == ["global-pre", "pre", "post", "global-post"] * 2
+    assert int(opt.state[p]["step"]) == 2
+    calls.clear()
+    opt.step()  # hooks removed: none runs, the step still does
+    assert calls == [] and int(opt.state[p]["step"]) == 3
+
+
+def test_a_pre_hook_may_replace_the_closure():
+    p = _hooked_params()
+    opt = LuminaMoon([p], backend="reference", clip=0.0)
+    opt.register_step_pre_hook(lambda o, args, kwargs: ((o,), {"closure": lambda: 7.0}))
+    assert opt.step() == 7.0
+
+
+def test_subclass_step_runs_hooks_once():
+    class Sub(LuminaMoon):
+        def step(self, closure=None):
+            self.seen = getattr(self, "seen", 0) + 1
+            return super().step(closure)
+
+    p = _hooked_params()
+    opt = Sub([p], backend="reference", clip=0.0)
+    calls = []
+    opt.register_step_pre_hook(lambda o, a, k: calls.append("pre"))
+    opt.register_step_post_hook(lambda o, a, k: calls.append("post"))
+    opt.step()
+    assert calls == ["pre", "post"] and opt.seen == 1 and int(opt.state[p]["step"]) == 1
+
+
+def test_profiler_sees_the_step_range():
+    p = _hooked_params()
+    opt = LuminaMoon([p], backend="reference", clip=0.0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    names = {e.key for e in prof.key_averages()}
+    assert "Optimizer.step#LuminaMoon.step" in names, sorted(names)[:20]
+    assert int(opt.state[p]["step"]) == 1
+
+
+def test_lr_scheduler_sees_the_step():
+    import warnings
+
+    p = _hooked_params()
+    opt = LuminaMoon([p], backend="reference", clip=0.0, lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "lr_scheduler.step() before optimizer.step()" fails
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.5
+
+
+# ------------------------------------------------------------------------------------------
+# the skip flag between steps
+# ------------------------------------------------------------------------------------------
+def test_a_step_failing_part_way_does_not_skip_the_next():
+    from luminamoon.optimizer.reference import ReferenceBackend
+
+    class FailsOnce(ReferenceBackend):
+        failed = False
+
+        def pass2(self, group, found_inf):
+            if not FailsOnce.failed:
+                FailsOnce.failed = True
+                raise RuntimeError("pass 2 failed")
+            return super().pass2(group, found_inf)
+
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = LuminaMoon([p], backend=FailsOnce(), clip=1.0, nonfinite="skip")
+    p.grad = torch.tensor([1.0, float("nan"), 1.0, 1.0])
+    with pytest.raises(RuntimeError, match="pass 2 failed"):
+        opt.step()  # pass 1 raised the skip flag, then the step failed
+    assert torch.equal(p.detach(), torch.ones(4))
+    assert int(opt.skipped_steps) == 0 and int(opt.state[p]["step"]) == 0
+    p.grad = torch.full((4,), 0.5)
+    opt.step()  # finite: applied, not skipped by the failed step's flag
+    assert int(opt.state[p]["step"]) == 1 and int(opt.skipped_steps) == 0
+    assert bool((p.detach() < 1).all())
+    p.grad = torch.tensor([float("inf"), 1.0, 1.0, 1.0])
+    before = p.detach().clone()
+    opt.step()
+    assert torch.equal(p.detach(), before) and int(opt.skipped_steps) == 1
+    assert all(int(f) == 0 for f in opt._flags.values())  # clear for the next step
+    p.grad = torch.full((4,), 0.5)
+    opt.step()
+    assert int(opt.state[p]["step"]) == 2 and int(opt.skipped_steps) == 1

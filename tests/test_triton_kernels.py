@@ -149,6 +149,52 @@ def test_skip_leaves_everything_bitwise_unchanged(clip, value):
 
 
 @in_process
+def test_optimizer_counts_a_skip_and_clears_its_flag_in_the_last_commit(monkeypatch):
+    """LuminaMoon on the triton backend ends each step with the commit_last kernel (step
+    counters, skipped_steps += flag, flag = 0): a skipped step changes nothing and is counted
+    once, the flag is clear after every step, and every step matches the reference backend's."""
+    from luminamoon import LuminaMoon
+
+    finished = []
+    real = gb.TritonBackend.commit_last
+
+    def spy(self, group, found_inf, skipped):
+        finished.append(real(self, group, found_inf, skipped))
+        return finished[-1]
+
+    monkeypatch.setattr(gb.TritonBackend, "commit_last", spy)
+    shapes = ((131,), (7,), (3, 5, 7))
+
+    def make():
+        return [torch.nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(i)))
+                for i, s in enumerate(shapes)]
+
+    ps_t, ps_r = make(), make()
+    kw = dict(lr=1e-2, clip=1.0, nonfinite="skip", seed=11, weight_decay=0.1)
+    opt_t = LuminaMoon(ps_t, backend="triton", **kw)
+    opt_r = LuminaMoon(ps_r, backend="reference", **kw)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(4):
+        grads = [torch.randn(p.shape, generator=gen) for p in ps_t]
+        if step == 1:
+            grads[2].view(-1)[5] = float("nan")
+        for p, q, g in zip(ps_t, ps_r, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        before = [p.detach().clone() for p in ps_t]
+        opt_t.step()
+        opt_r.step()
+        assert [int(f) for f in opt_t._flags.values()] == [0], f"flag after step {step}"
+        if step == 1:
+            for p, b in zip(ps_t, before):
+                assert torch.equal(bits(p.detach()), bits(b)), "skipped step changed a param"
+        for p, q in zip(ps_t, ps_r):
+            torch.testing.assert_close(p.detach(), q.detach())
+    assert int(opt_t.skipped_steps) == int(opt_r.skipped_steps) == 1
+    assert [int(opt_t.state[p]["step"]) for p in ps_t] == [3, 3, 3]
+    assert finished == [True] * 4
+
+
+@in_process
 def test_propagate_carries_nan_like_the_reference():
     case = Case(F32, F32, F32, clip=1.0, nonfinite="propagate", shapes=((131,), (7,)))
     group = make_group(case, "cpu")
@@ -460,6 +506,6 @@ def test_all_variants_are_unique_and_cover_every_group():
 def test_kernel_specs_match_the_kernel_signatures():
     import inspect
 
-    for name, spec in gb.KERNEL_SPECS.items():
+    for name, spec in {**gb.KERNEL_SPECS, **gb.JIT_ONLY_KERNEL_SPECS}.items():
         params = list(inspect.signature(spec.fn.fn).parameters)
         assert params == [a for a, _ in spec.args] + list(spec.constexprs), name

@@ -138,8 +138,12 @@ def _variant_constexprs(plan: CompilePlan, variant: Any) -> Dict[str, int]:
 
 def compile_options(plan: CompilePlan, variant: Any) -> Dict[str, Any]:
     """The options ``triton.compile`` gets for ``variant``: what the JIT launcher passes too."""
-    return {"num_warps": int(variant.num_warps), "num_stages": int(variant.num_stages),
-            "num_ctas": 1, **dict(plan.compile_options)}
+    options = {"num_warps": int(variant.num_warps), "num_stages": int(variant.num_stages),
+               "num_ctas": 1, **dict(plan.compile_options)}
+    maxnreg = getattr(variant, "maxnreg", None)
+    if maxnreg is not None:
+        options["maxnreg"] = int(maxnreg)
+    return options
 
 
 def compile_variant(plan: CompilePlan, variant: Any, arch: int,

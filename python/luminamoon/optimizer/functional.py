@@ -135,6 +135,7 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
                       scratch: Optional[Dict[torch.device, torch.Tensor]] = None,
                       skipped: Optional[torch.Tensor] = None,
                       describe: Callable[[int], str] = lambda k: f"parameter {k}",
+                      flags_clear: bool = False,
                       ) -> Optional[torch.Tensor]:
     """One step over ``groups``: raise check, pass 1, reduce, pass 2, commit.
 
@@ -142,6 +143,10 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
     (created when missing; zeroed here). ``scratch``: per device, the flag given to pass 1 of
     the other groups, whose non-finite gradients must not skip anyone else's step.
     ``skipped``: an int64 0-dim counter, += the step's skip decision.
+    ``flags_clear``: the caller keeps ``flags`` clear between steps (the optimizer does), and
+    the step leaves them clear, also when it fails part-way, and returns None. Where the
+    skipping groups share one device, their flag is then not zeroed first: the step adds it to
+    ``skipped`` and clears it at its end, in the last commit's launch where that backend can.
     Returns the skip decision (an int32 0-dim device tensor), or None when no group skips.
     """
     flags = {} if flags is None else flags
@@ -157,18 +162,52 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
         return flag
 
     skip_devices = []
-    for group in groups:
-        flag = flag_for(group)
-        if group.hyper.nonfinite == "skip" and group.device not in skip_devices:
-            skip_devices.append(group.device)
-    for device in skip_devices:
-        flags[device].zero_()
+    last_skipping = -1  # the last group that reads the skip flag: it commits last
+    for i, group in enumerate(groups):
+        flag_for(group)
+        if group.hyper.nonfinite == "skip":
+            last_skipping = i
+            if group.device not in skip_devices:
+                skip_devices.append(group.device)
+    clear_after = flags_clear and len(skip_devices) == 1
+    if not clear_after:
+        for device in skip_devices:
+            flags[device].zero_()
     # The scratch flag is written only by pass 1 of groups that do not skip; a step without
     # such a group (e.g. the single-pass AdamW mode) leaves it alone: one launch less.
     if any(g.hyper.needs_pass1 and g.hyper.nonfinite != "skip" for g in groups):
         for flag in scratch.values():
             flag.zero_()
+    try:
+        _launch_step(groups, backends, flags, skip_devices, flag_for,
+                     skipped if clear_after else None, last_skipping if clear_after else -1)
+    except BaseException:
+        if flags_clear:  # what the failed step raised must not skip the next one
+            for device in skip_devices:
+                flags[device].zero_()
+        raise
+    if not skip_devices or clear_after:
+        return None
+    if skipped is not None:
+        decision = flags.get(skipped.device)
+        if decision is None:
+            decision = flags[skip_devices[0]].to(skipped.device, non_blocking=True)
+        skipped.add_(decision)  # int64 += int32 in place: no conversion launch
+    if flags_clear:
+        for device in skip_devices:
+            flags[device].zero_()
+        return None
+    return flags[skip_devices[0]]
 
+
+def _launch_step(groups: Sequence[LaunchGroup], backends: Sequence[Backend],
+                 flags: Dict[torch.device, torch.Tensor], skip_devices: List[torch.device],
+                 flag_for: Callable[[LaunchGroup], torch.Tensor],
+                 clear_into: Optional[torch.Tensor], last: int) -> None:
+    """Pass 1, the shard all-reduce, the cross-device skip decision, pass 2, commit. With
+    ``last`` >= 0 (one skip device, its flag to be cleared): group ``last`` commits through
+    ``commit_last`` (adding the flag to ``clear_into`` when given), else the flag is added and
+    cleared here after every commit."""
     # Pass 1 (statistics, non-finite flag).
     for group, backend in zip(groups, backends):
         group.stats = None
@@ -188,17 +227,19 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
     for group, backend in zip(groups, backends):
         with _get_device_context(group.device):
             backend.pass2(group, flag_for(group))
-    for group, backend in zip(groups, backends):
+    cleared = last < 0
+    for i, (group, backend) in enumerate(zip(groups, backends)):
         with _get_device_context(group.device):
+            if i == last and clear_into is not None:
+                cleared = backend.commit_last(group, flag_for(group), clear_into)
+                if cleared:
+                    continue
             backend.commit(group, flag_for(group))
-    if not skip_devices:
-        return None
-    if skipped is not None:
-        decision = flags.get(skipped.device)
-        if decision is None:
-            decision = flags[skip_devices[0]].to(skipped.device, non_blocking=True)
-        skipped.add_(decision)  # int64 += int32 in place: no conversion launch
-    return flags[skip_devices[0]]
+    if not cleared:
+        flag = flags[skip_devices[0]]
+        if clear_into is not None:
+            clear_into.add_(flag.to(clear_into.device, non_blocking=True))
+        flag.zero_()
 
 
 # --------------------------------------------------------------------------------------------

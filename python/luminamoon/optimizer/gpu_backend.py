@@ -639,14 +639,9 @@ def _lumina_adamw_single_pass_kernel(table, block_map, stats, found_inf, lr, see
                         0, 0, BLOCK)
 
 
-@triton.jit(do_not_specialize=["ntensors"])
-def _lumina_tdclm_commit_kernel(table, found_inf, ntensors: tl.int32,
-                                CHECK_FLAG: tl.constexpr, TBLOCK: tl.constexpr):
-    """Every step counter of the group += 1 - found_inf (CHECK_FLAG) or += 1."""
-    if CHECK_FLAG:
-        inc = 1 - tl.load(found_inf).to(tl.int64)
-    else:
-        inc = tl.full([], 1, tl.int64)
+@triton.jit
+def _add_to_step_counters(table, inc, ntensors, TBLOCK: tl.constexpr):
+    """The step counter of every table row += inc (int64)."""
     # a while loop: the interpreter cannot take a kernel argument as a range() bound
     c = tl.program_id(0) * 0
     while c < ntensors:
@@ -657,6 +652,31 @@ def _lumina_tdclm_commit_kernel(table, found_inf, ntensors: tl.int32,
         cur = tl.load(ptr, mask=msk, other=0)
         tl.store(ptr, cur + inc, mask=msk)
         c += TBLOCK
+
+
+@triton.jit(do_not_specialize=["ntensors"])
+def _lumina_tdclm_commit_kernel(table, found_inf, ntensors: tl.int32,
+                                CHECK_FLAG: tl.constexpr, TBLOCK: tl.constexpr):
+    """Every step counter of the group += 1 - found_inf (CHECK_FLAG) or += 1."""
+    if CHECK_FLAG:
+        inc = 1 - tl.load(found_inf).to(tl.int64)
+    else:
+        inc = tl.full([], 1, tl.int64)
+    _add_to_step_counters(table, inc, ntensors, TBLOCK)
+
+
+@triton.jit(do_not_specialize=["ntensors"])
+def _lumina_tdclm_commit_last_kernel(table, found_inf, skipped, ntensors: tl.int32,
+                                     TBLOCK: tl.constexpr):
+    """The commit (CHECK_FLAG = 1) of the step's last launch that reads found_inf, then
+    skipped += found_inf and found_inf = 0: the flag is clear again for the next step.
+
+    The triton backend's own kernel (no AOT bundle holds it): the optimizer's step ends with
+    this one launch where it would otherwise take two more (an add and a fill)."""
+    flag = tl.load(found_inf)
+    _add_to_step_counters(table, 1 - flag.to(tl.int64), ntensors, TBLOCK)
+    tl.store(skipped, tl.load(skipped) + flag.to(tl.int64))
+    tl.store(found_inf, flag * 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -715,6 +735,14 @@ KERNEL_SPECS: Dict[str, KernelSpec] = {
         ("CHECK_FLAG", "TBLOCK")),
 }
 
+# Kernels only the triton backend launches (just in time; never in an AOT bundle).
+JIT_ONLY_KERNEL_SPECS: Dict[str, KernelSpec] = {
+    "commit_last": KernelSpec(
+        "commit_last", _lumina_tdclm_commit_last_kernel,
+        (("table", "*i64"), ("found_inf", "*i32"), ("skipped", "*i64"), ("ntensors", "i32")),
+        ("TBLOCK",)),
+}
+
 # Launch shapes, measured on an H200 (torch 2.11, Triton 3.6; benchmarks/tune_launch.py, one
 # 256M-element tensor, benchmarks/results/2026-11-29-h200-tune.csv). Pass 1 and pass 2: BLOCK
 # 1024 with 4 warps (8 elements a thread) beat 2048/8, 2048/4, 4096/8 and 1024/8 in every mix:
@@ -730,6 +758,14 @@ ELEMENTWISE_WARPS = 4
 # benchmarks/results/2026-11-29-h200-tune-2.csv).
 REDUCE_RBLOCK = 16384
 REDUCE_WARPS = 16
+# Register cap of the single-pass kernel when every element tensor is 16-bit and nothing is
+# rounded stochastically (bf16 params, grads and moments, round to nearest): uncapped it takes
+# 68 registers a thread, which leaves room for 7 programs of 4 warps on an SM; at 64 (a few
+# bytes of spill, outside the element loop) 8 fit, and the step ran 1053.7 instead of 1090.7 us
+# on one 256M tensor (H200, torch 2.11, Triton 3.6; 56: 1087.8, 48: 1244.8). Every other mix
+# measured slower under a cap (fp32: 1810.7 vs 1808.7 us at 64; bf16 params with fp32 moments
+# and SR: 1869.6 vs 1748.8), so they keep the compiler's choice. A cap changes no arithmetic.
+SINGLE_PASS_16BIT_MAXNREG = 64
 # Commit: one program; 1024 counters per chunk covers the 1000-tiny-tensor case in one pass.
 COMMIT_TBLOCK = 1024
 COMMIT_WARPS = 4
@@ -751,6 +787,9 @@ class Variant:
     constexprs: tuple  # ((name, int_value), ...) in KernelSpec.constexprs order
     num_warps: int
     num_stages: int
+    # registers a thread may use (Triton's ``maxnreg``), or None for the compiler's choice; a
+    # launch-shape choice like num_warps that changes no result, so it is not part of the key
+    maxnreg: Optional[int] = None
 
     def key(self) -> str:
         """e.g. "pass2.p1g1s0.sr1.b2.c1.f1.B1024.w4" (docs/internals.md, "Variant keys").
@@ -772,19 +811,21 @@ class Variant:
 
     @property
     def spec(self) -> KernelSpec:
-        return KERNEL_SPECS[self.kernel]
+        spec = KERNEL_SPECS.get(self.kernel)
+        return spec if spec is not None else JIT_ONLY_KERNEL_SPECS[self.kernel]
 
     def constexpr_dict(self) -> Dict[str, int]:
         return dict(self.constexprs)
 
 
-def _make_variant(kernel: str, values: Dict[str, int], num_warps: int) -> Variant:
-    spec = KERNEL_SPECS[kernel]
+def _make_variant(kernel: str, values: Dict[str, int], num_warps: int,
+                  maxnreg: Optional[int] = None) -> Variant:
+    spec = KERNEL_SPECS[kernel] if kernel in KERNEL_SPECS else JIT_ONLY_KERNEL_SPECS[kernel]
     missing = [n for n in spec.constexprs if n not in values]
     if missing:
         raise ValueError(f"variant of {kernel!r} lacks constexprs {missing}")
     return Variant(kernel, tuple((n, int(values[n])) for n in spec.constexprs), num_warps,
-                   NUM_STAGES)
+                   NUM_STAGES, maxnreg)
 
 
 def _dtype_code(dtype: torch.dtype, what: str) -> int:
@@ -828,13 +869,18 @@ def variants_for(param_dtype, grad_dtype, state_dtype, hyper: Hyper) -> Dict[str
                           USE_CLIP=use_clip, CHECK_FLAG=check, BLOCK=ELEMENTWISE_BLOCK),
             ELEMENTWISE_WARPS)
     else:
+        all_16bit = p != 0 and g != 0 and s != 0
         out["single_pass"] = _make_variant(
             "single_pass", dict(P_DTYPE=p, G_DTYPE=g, S_DTYPE=s, SR=sr, BOUND_MODE=bound_mode,
                                 BLOCK=ELEMENTWISE_BLOCK),
-            ELEMENTWISE_WARPS)
+            ELEMENTWISE_WARPS, SINGLE_PASS_16BIT_MAXNREG if all_16bit and not sr else None)
     out["commit"] = _make_variant("commit", dict(CHECK_FLAG=check, TBLOCK=COMMIT_TBLOCK),
                                   COMMIT_WARPS)
     return out
+
+
+# The commit that also counts a skipped step and clears the flag (TritonBackend.commit_last).
+_COMMIT_LAST = _make_variant("commit_last", dict(TBLOCK=COMMIT_TBLOCK), COMMIT_WARPS)
 
 
 DEFAULT_DTYPE_COMBOS: List[Tuple[torch.dtype, torch.dtype, torch.dtype]] = [
@@ -932,24 +978,33 @@ def _direct_launch_enabled() -> bool:
 
 class _Launcher:
     """Launches one kernel variant on one device with exactly the variant's constexprs,
-    num_warps and num_stages (what the AOT build compiles), so the two are bitwise equal.
+    num_warps, num_stages and register cap (what the AOT build compiles), so the two are bitwise
+    equal.
 
     The first launch goes through ``kernel[grid](...)`` (compiles, caches, returns the compiled
     kernel). Later launches call the compiled kernel's launcher directly where Triton's calling
     convention is known (see ``_direct_launch_supported``), skipping the JIT's per-call argument
     binding and cache lookup; otherwise, or with a launch hook installed, they keep the JIT path.
     The direct path is safe because every argument keeps its type and its alignment class from
-    launch to launch (the backend passes only its own buffers and checked tensors).
+    launch to launch (the backend passes only its own buffers and checked tensors). It takes the
+    arguments with tensors replaced by their addresses where the caller has them (``raw``):
+    Triton's launcher then neither calls each tensor's data_ptr() nor asks the driver about
+    each pointer, a driver call per pointer argument per launch. The backend re-reads the
+    address of every tensor it did not allocate (lr, the flag, the skip counter) every step.
     """
 
-    __slots__ = ("variant", "fn", "cx_kwargs", "cx_values", "compiled_kernel", "direct",
-                 "device_index", "_get_stream", "_get_device")
+    __slots__ = ("variant", "fn", "cx_kwargs", "cx_values", "options", "compiled_kernel",
+                 "direct", "device_index", "_get_stream", "_get_device")
 
     def __init__(self, variant: Variant, device: torch.device):
         self.variant = variant
         self.fn = variant.spec.fn
         self.cx_kwargs = variant.constexpr_dict()
         self.cx_values = tuple(v for _, v in variant.constexprs)
+        self.options = dict(COMPILE_OPTIONS, num_warps=variant.num_warps,
+                            num_stages=variant.num_stages)
+        if variant.maxnreg is not None:
+            self.options["maxnreg"] = variant.maxnreg
         self.compiled_kernel = None  # what the JIT compiled for this variant (None: interpreter)
         self.direct = False
         # None: the device's current index (the launch runs under its device context)
@@ -957,17 +1012,18 @@ class _Launcher:
         self._get_stream = None
         self._get_device = None
 
-    def __call__(self, grid: int, args: tuple) -> None:
+    def __call__(self, grid: int, args: tuple, raw: Optional[tuple] = None) -> None:
+        """``raw``: ``args`` with every tensor replaced by its address, for the direct path."""
         if grid <= 0:
             return
         if self.direct and not _launch_hooks_set():
             ck = self.compiled_kernel
             index = self.device_index if self.device_index is not None else self._get_device()
             ck.run(grid, 1, 1, self._get_stream(index), ck.function,
-                   ck.packed_metadata, None, None, None, *args, *self.cx_values)
+                   ck.packed_metadata, None, None, None, *(args if raw is None else raw),
+                   *self.cx_values)
             return
-        ret = self.fn[(grid,)](*args, **self.cx_kwargs, num_warps=self.variant.num_warps,
-                               num_stages=self.variant.num_stages, **COMPILE_OPTIONS)
+        ret = self.fn[(grid,)](*args, **self.cx_kwargs, **self.options)
         if self.compiled_kernel is None and ret is not None and hasattr(ret, "asm"):
             self.compiled_kernel = ret
             if (_direct_launch_enabled() and getattr(ret, "function", None) is not None
@@ -998,6 +1054,11 @@ def _launcher(variant: Variant, device: torch.device) -> _Launcher:
 _DATA_PTR = torch.Tensor.data_ptr
 
 
+def _addresses(args: tuple) -> tuple:
+    """``args`` with every tensor replaced by its address (what a launcher passes for it)."""
+    return tuple(_DATA_PTR(a) if isinstance(a, torch.Tensor) else a for a in args)
+
+
 def _i64(x: int) -> int:
     """A uint64 as the int64 with the same bits (the kernels take the seed as i64)."""
     x = int(x) & 0xFFFFFFFFFFFFFFFF
@@ -1025,7 +1086,9 @@ class _GroupState:
                  "ntensors", "partial_sum", "partial_bad", "stats", "stats_view", "lr_buf",
                  "lr_value", "variants", "launchers", "pass1_args", "reduce_head", "pass2_head",
                  "pass2_tail", "found_inf", "reduce_args", "commit_args", "pass2_args", "lr_arg",
-                 "grads_seen")
+                 "grads_seen", "commit_last_launcher", "commit_last_args", "found_inf_addr",
+                 "lr_addr", "pass1_raw", "reduce_raw", "pass2_raw", "commit_raw",
+                 "commit_last_raw")
 
     def matches(self, group: LaunchGroup) -> bool:
         """Built from this group's params and state lists (grads are checked apart)."""
@@ -1065,8 +1128,8 @@ class TritonBackend(Backend):
             return
         st = self._state(group, found_inf)
         with _get_device_context(group.device):
-            st.launchers["pass1"](st.nblocks, st.pass1_args)
-            st.launchers["reduce"](st.ntensors, st.reduce_args)
+            st.launchers["pass1"](st.nblocks, st.pass1_args, st.pass1_raw)
+            st.launchers["reduce"](st.ntensors, st.reduce_args, st.reduce_raw)
         group.stats = st.stats_view
 
     def pass2(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
@@ -1074,13 +1137,31 @@ class TritonBackend(Backend):
         self._set_lr(st, group)
         kernel = "pass2" if group.hyper.needs_pass1 else "single_pass"
         with _get_device_context(group.device):
-            st.launchers[kernel](st.nblocks, st.pass2_args)
+            st.launchers[kernel](st.nblocks, st.pass2_args, st.pass2_raw)
 
     def commit(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
         st = self._state(group, found_inf)
         with _get_device_context(group.device):
-            st.launchers["commit"](1, st.commit_args)
+            st.launchers["commit"](1, st.commit_args, st.commit_raw)
         st.grads_seen = None
+
+    def commit_last(self, group: LaunchGroup, found_inf: torch.Tensor,
+                    skipped: torch.Tensor) -> bool:
+        if group.hyper.nonfinite != "skip":
+            return False
+        st = self._state(group, found_inf)
+        args = st.commit_last_args  # None after a new flag (_state)
+        if args is None or args[2] is not skipped or st.commit_last_raw[2] != _DATA_PTR(skipped):
+            if not (isinstance(skipped, torch.Tensor) and skipped.dtype == torch.int64
+                    and skipped.numel() == 1 and _same_device(skipped.device, group.device)
+                    and skipped.data_ptr() % ALIGN_BYTES == 0):
+                return False
+            args = st.commit_last_args = (st.table, found_inf, skipped, st.ntensors)
+            st.commit_last_raw = _addresses(args)
+        with _get_device_context(group.device):
+            st.commit_last_launcher(1, args, st.commit_last_raw)
+        st.grads_seen = None
+        return True
 
     # -- cache ----------------------------------------------------------------------------
     def _state(self, group: LaunchGroup, found_inf: torch.Tensor) -> _GroupState:
@@ -1101,11 +1182,15 @@ class TritonBackend(Backend):
             if grad_ptrs != st.grad_ptrs:
                 _refresh_grads(st, group, grad_ptrs)
             st.grads_seen = group.grads
-        if found_inf is not st.found_inf:
+        if found_inf is not st.found_inf or _DATA_PTR(found_inf) != st.found_inf_addr:
             _check_found_inf(found_inf, group.device)
             st.found_inf = found_inf
+            st.found_inf_addr = found_inf.data_ptr()
             st.reduce_args = st.reduce_head + (found_inf, st.ntensors)
+            st.reduce_raw = _addresses(st.reduce_args)
             st.commit_args = (st.table, found_inf, st.ntensors)
+            st.commit_raw = _addresses(st.commit_args)
+            st.commit_last_args = None
             st.lr_arg = None  # pass-2 arguments are rebuilt with the new flag
         return st
 
@@ -1130,9 +1215,11 @@ class TritonBackend(Backend):
                 st.lr_buf.fill_(lr)
                 st.lr_value = lr
             arg = st.lr_buf
-        if arg is not st.lr_arg:
+        if arg is not st.lr_arg or _DATA_PTR(arg) != st.lr_addr:
             st.lr_arg = arg
+            st.lr_addr = arg.data_ptr()
             st.pass2_args = st.pass2_head + (st.found_inf, arg) + st.pass2_tail
+            st.pass2_raw = _addresses(st.pass2_args)
 
 
 def _device_supported(device: torch.device) -> bool:
@@ -1292,13 +1379,18 @@ def _build_state(group: LaunchGroup) -> _GroupState:
     st.found_inf = None
     st.lr_arg = None
     st.grads_seen = None
+    st.commit_last_args = st.commit_last_raw = None
+    st.found_inf_addr = st.lr_addr = None
+    st.reduce_raw = st.commit_raw = st.pass2_raw = None
     st.variants = variants_for(group.param_dtype, group.grad_dtype, group.state_dtype, hyper)
     st.launchers = {name: _launcher(v, dev) for name, v in st.variants.items()}
+    st.commit_last_launcher = _launcher(_COMMIT_LAST, dev) if hyper.nonfinite == "skip" else None
     seed = _i64(group.seed)
     sign = -1.0 if hyper.maximize else 1.0
     b1, b2, eps = _f32(hyper.beta1), _f32(hyper.beta2), _f32(hyper.eps)
     st.pass1_args = (st.table, st.block_map, st.partial_sum, st.partial_bad, seed, sign, b1, b2,
                      eps)
+    st.pass1_raw = _addresses(st.pass1_args)
     st.reduce_head = (st.table, st.partial_sum, st.partial_bad, st.stats)
     st.pass2_head = (st.table, st.block_map, st.stats)
     st.pass2_tail = (seed, sign, b1, b2, eps, _f32(hyper.weight_decay), _f32(hyper.clip),

@@ -48,6 +48,19 @@ def _plan_key(group: Dict[str, Any]) -> tuple:
 
 _DATA_PTR = torch.Tensor.data_ptr
 _DTYPE = operator.attrgetter("dtype")
+
+try:  # the registries of torch.optim.Optimizer's global step hooks
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+except ImportError:  # pragma: no cover - then every step goes through torch's wrapper
+    _global_optimizer_pre_hooks = _global_optimizer_post_hooks = None
+
+
+def _profiler_enabled() -> bool:
+    """Whether a torch profiler is recording (then the step opens torch's range)."""
+    return _PROFILER_ENABLED is None or bool(_PROFILER_ENABLED())
+
+
+_PROFILER_ENABLED = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
 _GRAD = operator.attrgetter("grad")
 
 
@@ -372,7 +385,12 @@ class LuminaMoon(torch.optim.Optimizer):
             self._plan = plan
         for launch, gi in zip(plan.groups, plan.lr_sources):
             lr = self.param_groups[gi]["lr"]
-            if not isinstance(lr, torch.Tensor) and not (math.isfinite(lr) and lr >= 0):
+            if isinstance(lr, torch.Tensor):
+                if lr.numel() != 1:
+                    plan.release_grads()
+                    raise ValueError(f"lr (param group {gi}) must be a float or a one-element "
+                                     f"tensor, got a tensor of shape {tuple(lr.shape)}")
+            elif not (math.isfinite(lr) and lr >= 0):
                 plan.release_grads()
                 raise ValueError(f"lr (param group {gi}) must be >= 0, got {lr!r}")
             launch.lr = lr
@@ -381,9 +399,28 @@ class LuminaMoon(torch.optim.Optimizer):
     # ---------------------------------------------------------------------------------
     # the step
     # ---------------------------------------------------------------------------------
-    @torch.no_grad()
     def step(self, closure=None):
-        """One TDCLM step for every parameter with a gradient. Returns the closure's loss."""
+        """One TDCLM step for every parameter with a gradient. Returns the closure's loss.
+
+        Step hooks (``register_step_pre_hook``/``post_hook``, global or per optimizer) and the
+        profiler's "Optimizer.step#LuminaMoon.step" range work as for any torch optimizer: with
+        a hook registered or a profiler running, the step goes through torch's own wrapper;
+        otherwise it skips that wrapper, whose range alone costs a few microseconds a step.
+        """
+        if type(self).step is not LuminaMoon.step:
+            # a subclass's own step, which torch wraps itself (hooks, range): just the step
+            return self._step(closure)
+        if (_global_optimizer_pre_hooks is None or _global_optimizer_pre_hooks
+                or _global_optimizer_post_hooks or self._optimizer_step_pre_hooks
+                or self._optimizer_step_post_hooks or _profiler_enabled()):
+            return _hooked_step(self, closure)
+        return self._step(closure)
+
+    # torch.optim.Optimizer wraps a step not marked so; this class runs the wrapper itself
+    step.hooked = True
+
+    @torch.no_grad()
+    def _step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -394,7 +431,7 @@ class LuminaMoon(torch.optim.Optimizer):
         try:
             run_launch_groups(plan.groups, plan.backends, flags=self._flags,
                               scratch=self._scratch, skipped=self.skipped_steps,
-                              describe=self._describe_flat)
+                              describe=self._describe_flat, flags_clear=True)
         finally:
             plan.release_grads()
         return loss
@@ -473,3 +510,8 @@ class LuminaMoon(torch.optim.Optimizer):
         if skipped is not None:
             self.skipped_steps.copy_(torch.as_tensor(skipped).to(self.skipped_steps.device))
         self._plan = None
+
+
+# torch's step wrapper (step hooks, profiler range) around the bare step: LuminaMoon.step calls
+# it when a hook is registered or a profiler runs.
+_hooked_step = torch.optim.Optimizer.profile_hook_step(LuminaMoon._step)
