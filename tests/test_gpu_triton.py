@@ -490,7 +490,7 @@ def test_tensor_lr_followed_through_new_tensors_and_new_storage():
             elif mode == "new tensor":
                 opt.param_groups[0]["lr"] = torch.tensor(lr, device="cuda")
             else:
-                lr_t.set_(torch.tensor(lr, device="cuda").untyped_storage())
+                lr_t.set_(torch.tensor(lr, device="cuda").untyped_storage(), 0, ())
             opt.step()
         torch.cuda.synchronize()
         runs.append([p.detach().clone() for p in params])

@@ -357,3 +357,18 @@ def test_a_step_failing_part_way_does_not_skip_the_next():
     p.grad = torch.full((4,), 0.5)
     opt.step()
     assert int(opt.state[p]["step"]) == 2 and int(opt.skipped_steps) == 1
+
+
+def test_an_lr_tensor_of_another_shape_set_between_steps_is_refused_before_any_change():
+    p = torch.nn.Parameter(torch.ones(4))
+    p.grad = torch.full((4,), 0.5)
+    opt = LuminaMoon([p], backend="reference", lr=torch.tensor(1e-2))
+    opt.step()
+    before = p.detach().clone()
+    opt.param_groups[0]["lr"] = torch.tensor([1e-2])  # one element, but not 0-dim
+    with pytest.raises(ValueError, match=r"lr \(param group 0\) as a tensor must be a 0-dim"):
+        opt.step()
+    assert torch.equal(p.detach(), before) and int(opt.state[p]["step"]) == 1
+    opt.param_groups[0]["lr"] = torch.tensor(1e-2)
+    opt.step()
+    assert int(opt.state[p]["step"]) == 2

@@ -23,6 +23,7 @@ from ._validation import (
     make_hyper,
     validate_backend,
     validate_hyperparameters,
+    validate_lr,
     validate_seed,
 )
 from .backends import select_backend
@@ -386,10 +387,9 @@ class LuminaMoon(torch.optim.Optimizer):
         for launch, gi in zip(plan.groups, plan.lr_sources):
             lr = self.param_groups[gi]["lr"]
             if isinstance(lr, torch.Tensor):
-                if lr.numel() != 1:
+                if lr.dim() != 0 or not lr.is_floating_point():
                     plan.release_grads()
-                    raise ValueError(f"lr (param group {gi}) must be a float or a one-element "
-                                     f"tensor, got a tensor of shape {tuple(lr.shape)}")
+                    validate_lr(lr, f" (param group {gi})")  # raises, naming the fix
             elif not (math.isfinite(lr) and lr >= 0):
                 plan.release_grads()
                 raise ValueError(f"lr (param group {gi}) must be >= 0, got {lr!r}")
