@@ -151,11 +151,14 @@ class Timing:
     host_mean_us: float  # the same, mean
 
 
-def time_steps(step: Callable[[], None], device: torch.device, steps: int, warmup: int
-               ) -> Timing:
+def time_steps(step: Callable[[], None], device: torch.device, steps: int, warmup: int,
+               before: Optional[Callable[[], None]] = None) -> Timing:
+    """``before``: called before every step, outside what is timed (e.g. new gradients)."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    prepare = before if before is not None else (lambda: None)
     t0 = time.perf_counter()
     for _ in range(warmup):
+        prepare()
         step()
     sync()
     slow = (time.perf_counter() - t0) / max(warmup, 1) > 0.01
@@ -163,6 +166,7 @@ def time_steps(step: Callable[[], None], device: torch.device, steps: int, warmu
     # launch queue from filling up (then a launch, and the step, would wait for the device)
     host = []
     for i in range(steps if slow else max(steps, 100)):
+        prepare()
         t = time.perf_counter()
         step()
         host.append(time.perf_counter() - t)
@@ -174,6 +178,7 @@ def time_steps(step: Callable[[], None], device: torch.device, steps: int, warmu
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(steps)]
         for start, end in events:
+            prepare()
             start.record()
             step()
             end.record()
@@ -181,11 +186,26 @@ def time_steps(step: Callable[[], None], device: torch.device, steps: int, warmu
         samples = [start.elapsed_time(end) * 1e3 for start, end in events]
     else:
         for _ in range(steps):
+            prepare()
             t = time.perf_counter()
             step()
             samples.append((time.perf_counter() - t) * 1e6)
     return Timing(us=statistics.median(samples), host_us=statistics.median(host) * 1e6,
                   host_mean_us=statistics.mean(host) * 1e6)
+
+
+def alternating_grads(params: List[torch.Tensor]) -> Callable[[], None]:
+    """A ``before`` for time_steps: every step gets other gradient tensors (two sets with the
+    same values, alternating), as zero_grad(set_to_none=True) and a backward pass can give."""
+    sets = [[p.grad for p in params], [p.grad.clone() for p in params]]
+    turn = [0]
+
+    def swap() -> None:
+        turn[0] ^= 1
+        for p, g in zip(params, sets[turn[0]]):
+            p.grad = g
+
+    return swap
 
 
 def copy_ceiling_tbps(device: torch.device, nbytes: int = 4 * 2 ** 30, reps: int = 10) -> float:
@@ -281,6 +301,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20, quick 8)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--new-grads", action="store_true",
+                    help="give every step other gradient tensors (two sets, alternating), as "
+                         "zero_grad(set_to_none=True) and backward can")
     ap.add_argument("--out", default=None, help="CSV file to append to")
     args = ap.parse_args(argv)
 
@@ -315,6 +338,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ceiling = copy_ceiling_tbps(device) if device.type == "cuda" else float("nan")
     print(f"device {dev_name} | torch {torch_v} | triton {triton_v} | {date}")
     print(f"copy ceiling (4 GiB device-to-device, read+write): {ceiling:.3f} TB/s")
+    if args.new_grads:
+        print("every step gets other gradient tensors than the step before (--new-grads)")
     header = (f"{'case':<18} {'mode':<9} {'impl':<22} {'us/step':>10} {'B/elem':>7} "
               f"{'TB/s':>7} {'ceil%':>6} {'host us':>9} {'(mean)':>8}")
     print(header)
@@ -326,7 +351,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 params = make_params(case, device)
                 try:
                     opt, dtypes, hp = build(impl, mode, params)
-                    t = time_steps(opt.step, device, steps, args.warmup)
+                    before = alternating_grads(params) if args.new_grads else None
+                    t = time_steps(opt.step, device, steps, args.warmup, before)
                 except Exception as exc:  # an implementation that cannot run here: say why
                     print(f"{case.label:<18} {mode:<9} {impl:<22} failed: "
                           f"{type(exc).__name__}: {exc}")
@@ -341,6 +367,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       f"{t.host_mean_us:>8.1f}")
                 rows.append(dict(device=dev_name, torch=torch_v, triton=triton_v, date=date,
                                  case=case.label, tensors=len(case.shapes), numel=case.numel,
+                                 new_grads=int(args.new_grads),
                                  mode=mode, impl=impl, us_per_step=f"{t.us:.2f}",
                                  bytes_per_elem=bpe, tbps=f"{tbps:.4f}",
                                  ceiling_fraction=f"{frac:.4f}",

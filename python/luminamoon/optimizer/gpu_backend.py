@@ -22,7 +22,9 @@ Specialisation (what keeps JIT and AOT builds identical):
 
 Importing this module defines kernels and tables and nothing else; Triton is required.
 """
+import functools
 import inspect
+import operator
 import os
 import struct
 from dataclasses import dataclass
@@ -1052,6 +1054,10 @@ def _launcher(variant: Variant, device: torch.device) -> _Launcher:
 # ----------------------------------------------------------------------------------------------
 
 _DATA_PTR = torch.Tensor.data_ptr
+_NUMEL = torch.Tensor.numel
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+_DEVICE = operator.attrgetter("device")
+_DTYPE = operator.attrgetter("dtype")
 
 
 def _addresses(args: tuple) -> tuple:
@@ -1082,7 +1088,7 @@ def _to_device(cpu: torch.Tensor, device: torch.device) -> torch.Tensor:
 class _GroupState:
     """Everything TritonBackend keeps for one LaunchGroup (``group.cache["triton"]``)."""
 
-    __slots__ = ("lists", "param_ptrs", "grad_ptrs", "table", "block_map", "nblocks",
+    __slots__ = ("lists", "param_ptrs", "grad_ptrs", "numels", "table", "block_map", "nblocks",
                  "ntensors", "partial_sum", "partial_bad", "stats", "stats_view", "lr_buf",
                  "lr_value", "variants", "launchers", "pass1_args", "reduce_head", "pass2_head",
                  "pass2_tail", "found_inf", "reduce_args", "commit_args", "pass2_args", "lr_arg",
@@ -1326,12 +1332,31 @@ def _check_group(group: LaunchGroup) -> None:
                              f"global_numel {gnumel}")
 
 
+def _grads_fit(st: _GroupState, group: LaunchGroup, grad_ptrs: tuple) -> bool:
+    """What _check_tensor asks of every gradient, for all of them at once (C-level maps: new
+    gradient tensors every step, as zero_grad's default gives, keep the step cheap)."""
+    grads = group.grads
+    try:
+        return (tuple(map(_NUMEL, grads)) == st.numels
+                and set(map(_DTYPE, grads)) <= {group.grad_dtype}
+                and all(map(_IS_CONTIGUOUS, grads))
+                and not functools.reduce(operator.or_, grad_ptrs, 0) % ALIGN_BYTES
+                and all(_same_device(d, group.device) for d in set(map(_DEVICE, grads))))
+    except (TypeError, AttributeError):  # not a tensor: the checks below name it
+        return False
+
+
 def _refresh_grads(st: _GroupState, group: LaunchGroup, grad_ptrs: tuple) -> None:
     """New gradient tensors: check them, then rewrite the GRAD column in stream order."""
-    for j, g in enumerate(group.grads):
-        _check_tensor(_label(group, "grad", j), g, group.device, group.grad_dtype,
-                      group.params[j].numel())
-    col = _to_device(torch.tensor(grad_ptrs, dtype=torch.int64), group.device)
+    if not _grads_fit(st, group, grad_ptrs):
+        for j, g in enumerate(group.grads):  # the first that does not fit, by name
+            _check_tensor(_label(group, "grad", j), g, group.device, group.grad_dtype,
+                          group.params[j].numel())
+    if group.device.type == "cuda":
+        # one call: pinned host memory, then an asynchronous copy into the column
+        col = torch.tensor(grad_ptrs, dtype=torch.int64, pin_memory=True)
+    else:
+        col = _to_device(torch.tensor(grad_ptrs, dtype=torch.int64), group.device)
     st.table[:, COL_GRAD].copy_(col, non_blocking=True)
     st.grad_ptrs = grad_ptrs
 
@@ -1362,6 +1387,7 @@ def _build_state(group: LaunchGroup) -> _GroupState:
     st = _GroupState()
     st.lists = (group.params, group.exp_avgs, group.exp_avg_sqs, group.steps, group.p_inits)
     st.param_ptrs = tuple(map(_DATA_PTR, group.params))
+    st.numels = tuple(map(_NUMEL, group.params))
     st.grad_ptrs = tuple(map(_DATA_PTR, group.grads))
     st.ntensors = n
     st.nblocks = nblocks
