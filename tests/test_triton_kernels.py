@@ -434,6 +434,34 @@ def test_refuses_misaligned_new_grad():
 
 
 @in_process
+@pytest.mark.parametrize("what", ["noncontiguous", "dtype", "numel", "not a tensor"])
+def test_refuses_a_bad_new_grad_by_name(what):
+    """New gradient tensors are checked all at once; one that does not fit is named."""
+    case = Case(F32, F32, F32, shapes=((131,), (6, 7), (5,)))
+    group = make_group(case, "cpu")
+    backend = gb.TritonBackend()
+    run_step(backend, group)
+    grads = [g.clone() for g in group.grads]
+    if what == "noncontiguous":
+        grads[1] = torch.zeros(7, 6).t()
+        match = r"grad of tensor 1 .* is not contiguous"
+    elif what == "dtype":
+        grads[2] = grads[2].double()
+        match = r"grad of tensor 2 .* has dtype torch.float64"
+    elif what == "numel":
+        grads[0] = torch.zeros(130)
+        match = r"grad of tensor 0 .* has 130 elements"
+    else:
+        grads[1] = [0.0] * 42
+        match = r"grad of tensor 1 .* must be a tensor"
+    group.grads = grads
+    before = snapshot(group)
+    with pytest.raises(ValueError, match=match):
+        run_step(backend, group)
+    assert_unchanged(group, before, f"refused step ({what})")
+
+
+@in_process
 @pytest.mark.parametrize("what", ["noncontiguous", "dtype", "numel", "p_init"])
 def test_refuses_bad_groups(what):
     case = Case(F32, F32, F32, bound_mode=1, shapes=((6, 42), (7,)))

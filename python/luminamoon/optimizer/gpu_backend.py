@@ -1184,7 +1184,11 @@ class TritonBackend(Backend):
                                  f"{len(group.grads)} grads")
             grad_ptrs = group.grad_ptrs
             if grad_ptrs is None or len(grad_ptrs) != st.ntensors:
-                grad_ptrs = tuple(map(_DATA_PTR, group.grads))
+                try:
+                    grad_ptrs = tuple(map(_DATA_PTR, group.grads))
+                except (TypeError, AttributeError):
+                    _check_grads_by_name(group)  # raises, naming the one that is no tensor
+                    raise
             if grad_ptrs != st.grad_ptrs:
                 _refresh_grads(st, group, grad_ptrs)
             st.grads_seen = group.grads
@@ -1346,12 +1350,17 @@ def _grads_fit(st: _GroupState, group: LaunchGroup, grad_ptrs: tuple) -> bool:
         return False
 
 
+def _check_grads_by_name(group: LaunchGroup) -> None:
+    """Raises for the first gradient the kernels cannot read, naming it and the fix."""
+    for j, g in enumerate(group.grads):
+        _check_tensor(_label(group, "grad", j), g, group.device, group.grad_dtype,
+                      group.params[j].numel())
+
+
 def _refresh_grads(st: _GroupState, group: LaunchGroup, grad_ptrs: tuple) -> None:
     """New gradient tensors: check them, then rewrite the GRAD column in stream order."""
     if not _grads_fit(st, group, grad_ptrs):
-        for j, g in enumerate(group.grads):  # the first that does not fit, by name
-            _check_tensor(_label(group, "grad", j), g, group.device, group.grad_dtype,
-                          group.params[j].numel())
+        _check_grads_by_name(group)
     if group.device.type == "cuda":
         # one call: pinned host memory, then an asynchronous copy into the column
         col = torch.tensor(grad_ptrs, dtype=torch.int64, pin_memory=True)
