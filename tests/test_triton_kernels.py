@@ -195,6 +195,50 @@ def test_optimizer_counts_a_skip_and_clears_its_flag_in_the_last_commit(monkeypa
 
 
 @in_process
+def test_direct_launches_hand_over_the_current_addresses(monkeypatch):
+    """The direct launch path (a compiled kernel's own launcher; faked here, which records
+    what it is handed) gets every tensor argument as its address, the lr's and the flag's
+    re-read when they change: a new lr tensor, or the flag moved to other storage."""
+    calls = []
+
+    class FakeCompiled:
+        function = packed_metadata = None
+
+        def run(self, *a):
+            calls.append(a)
+
+    def direct_launcher(variant, device):  # as after a first, compiling launch
+        launcher = gb._Launcher(variant, device)
+        launcher.direct, launcher.compiled_kernel = True, FakeCompiled()
+        launcher._get_stream = launcher._get_device = lambda *a: 0
+        return launcher
+
+    monkeypatch.setattr(gb, "_launcher", direct_launcher)
+    monkeypatch.setattr(gb, "_launch_hooks_set", lambda: False)
+    case = Case(F32, F32, F32, clip=1.0, nonfinite="skip", shapes=((131,), (7,)))
+    group = make_group(case, "cpu")
+    backend = gb.TritonBackend()
+    flag = torch.zeros((), dtype=torch.int32)
+    for step, lr in enumerate((torch.tensor(1e-2), torch.tensor(2e-2))):
+        group.lr = lr
+        if step == 1:
+            flag.set_(torch.zeros((), dtype=torch.int32).untyped_storage(), 0, ())
+        calls.clear()
+        backend.pass1(group, flag)
+        backend.pass2(group, flag)
+        backend.commit(group, flag)
+        st = group.cache["triton"]
+        assert len(calls) == 4  # pass 1, reduce, pass 2, commit
+        for c in calls:
+            handed = c[9:]  # grid x3, stream, function, metadata, three hooks, then the args
+            assert not any(isinstance(a, torch.Tensor) for a in handed)
+        pass1, reduce, pass2, commit = (c[9:] for c in calls)
+        assert pass1[0] == st.table.data_ptr() and reduce[4] == flag.data_ptr()
+        assert pass2[3] == flag.data_ptr() and pass2[4] == lr.data_ptr()
+        assert commit[:2] == (st.table.data_ptr(), flag.data_ptr())
+
+
+@in_process
 def test_propagate_carries_nan_like_the_reference():
     case = Case(F32, F32, F32, clip=1.0, nonfinite="propagate", shapes=((131,), (7,)))
     group = make_group(case, "cpu")

@@ -783,6 +783,11 @@ _KEY_LETTERS = {
 _DTYPE_LETTERS = (("P_DTYPE", "p"), ("G_DTYPE", "g"), ("S_DTYPE", "s"))
 
 
+def _spec_of(kernel: str) -> KernelSpec:
+    spec = KERNEL_SPECS.get(kernel)
+    return spec if spec is not None else JIT_ONLY_KERNEL_SPECS[kernel]
+
+
 @dataclass(frozen=True)
 class Variant:
     kernel: str  # key into KERNEL_SPECS
@@ -813,8 +818,7 @@ class Variant:
 
     @property
     def spec(self) -> KernelSpec:
-        spec = KERNEL_SPECS.get(self.kernel)
-        return spec if spec is not None else JIT_ONLY_KERNEL_SPECS[self.kernel]
+        return _spec_of(self.kernel)
 
     def constexpr_dict(self) -> Dict[str, int]:
         return dict(self.constexprs)
@@ -822,7 +826,7 @@ class Variant:
 
 def _make_variant(kernel: str, values: Dict[str, int], num_warps: int,
                   maxnreg: Optional[int] = None) -> Variant:
-    spec = KERNEL_SPECS[kernel] if kernel in KERNEL_SPECS else JIT_ONLY_KERNEL_SPECS[kernel]
+    spec = _spec_of(kernel)
     missing = [n for n in spec.constexprs if n not in values]
     if missing:
         raise ValueError(f"variant of {kernel!r} lacks constexprs {missing}")
@@ -988,10 +992,10 @@ class _Launcher:
     convention is known (see ``_direct_launch_supported``), skipping the JIT's per-call argument
     binding and cache lookup; otherwise, or with a launch hook installed, they keep the JIT path.
     The direct path is safe because every argument keeps its type and its alignment class from
-    launch to launch (the backend passes only its own buffers and checked tensors). It takes the
-    arguments with tensors replaced by their addresses where the caller has them (``raw``):
-    Triton's launcher then neither calls each tensor's data_ptr() nor asks the driver about
-    each pointer, a driver call per pointer argument per launch. The backend re-reads the
+    launch to launch (the backend passes only its own buffers and checked tensors). It hands
+    over the arguments with tensors replaced by their addresses (``_bind``): Triton's launcher
+    then neither calls each tensor's data_ptr() nor asks the driver about each pointer, a
+    driver call per pointer argument per launch. The backend re-reads the
     address of every tensor it did not allocate (lr, the flag, the skip counter) every step.
     """
 
@@ -1014,16 +1018,16 @@ class _Launcher:
         self._get_stream = None
         self._get_device = None
 
-    def __call__(self, grid: int, args: tuple, raw: Optional[tuple] = None) -> None:
-        """``raw``: ``args`` with every tensor replaced by its address, for the direct path."""
+    def __call__(self, grid: int, bound: Tuple[tuple, tuple]) -> None:
+        """``bound``: the arguments and the same with every tensor an address (``_bind``)."""
         if grid <= 0:
             return
+        args, addresses = bound
         if self.direct and not _launch_hooks_set():
             ck = self.compiled_kernel
             index = self.device_index if self.device_index is not None else self._get_device()
             ck.run(grid, 1, 1, self._get_stream(index), ck.function,
-                   ck.packed_metadata, None, None, None, *(args if raw is None else raw),
-                   *self.cx_values)
+                   ck.packed_metadata, None, None, None, *addresses, *self.cx_values)
             return
         ret = self.fn[(grid,)](*args, **self.cx_kwargs, **self.options)
         if self.compiled_kernel is None and ret is not None and hasattr(ret, "asm"):
@@ -1060,9 +1064,10 @@ _DEVICE = operator.attrgetter("device")
 _DTYPE = operator.attrgetter("dtype")
 
 
-def _addresses(args: tuple) -> tuple:
-    """``args`` with every tensor replaced by its address (what a launcher passes for it)."""
-    return tuple(_DATA_PTR(a) if isinstance(a, torch.Tensor) else a for a in args)
+def _bind(*args) -> Tuple[tuple, tuple]:
+    """A launch's arguments for a _Launcher: as given (the JIT's first launch compiles from
+    them) and with every tensor replaced by its address (what the direct path hands over)."""
+    return args, tuple(_DATA_PTR(a) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def _i64(x: int) -> int:
@@ -1090,11 +1095,10 @@ class _GroupState:
 
     __slots__ = ("lists", "param_ptrs", "grad_ptrs", "numels", "table", "block_map", "nblocks",
                  "ntensors", "partial_sum", "partial_bad", "stats", "stats_view", "lr_buf",
-                 "lr_value", "variants", "launchers", "pass1_args", "reduce_head", "pass2_head",
-                 "pass2_tail", "found_inf", "reduce_args", "commit_args", "pass2_args", "lr_arg",
-                 "grads_seen", "commit_last_launcher", "commit_last_args", "found_inf_addr",
-                 "lr_addr", "pass1_raw", "reduce_raw", "pass2_raw", "commit_raw",
-                 "commit_last_raw")
+                 "lr_value", "variants", "launchers", "commit_last_launcher", "reduce_head",
+                 "pass2_head", "pass2_tail", "found_inf", "lr_arg", "grads_seen",
+                 # launch arguments, each as _bind gives them
+                 "pass1_args", "reduce_args", "pass2_args", "commit_args", "commit_last_args")
 
     def matches(self, group: LaunchGroup) -> bool:
         """Built from this group's params and state lists (grads are checked apart)."""
@@ -1134,8 +1138,8 @@ class TritonBackend(Backend):
             return
         st = self._state(group, found_inf)
         with _get_device_context(group.device):
-            st.launchers["pass1"](st.nblocks, st.pass1_args, st.pass1_raw)
-            st.launchers["reduce"](st.ntensors, st.reduce_args, st.reduce_raw)
+            st.launchers["pass1"](st.nblocks, st.pass1_args)
+            st.launchers["reduce"](st.ntensors, st.reduce_args)
         group.stats = st.stats_view
 
     def pass2(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
@@ -1143,12 +1147,12 @@ class TritonBackend(Backend):
         self._set_lr(st, group)
         kernel = "pass2" if group.hyper.needs_pass1 else "single_pass"
         with _get_device_context(group.device):
-            st.launchers[kernel](st.nblocks, st.pass2_args, st.pass2_raw)
+            st.launchers[kernel](st.nblocks, st.pass2_args)
 
     def commit(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
         st = self._state(group, found_inf)
         with _get_device_context(group.device):
-            st.launchers["commit"](1, st.commit_args, st.commit_raw)
+            st.launchers["commit"](1, st.commit_args)
         st.grads_seen = None
 
     def commit_last(self, group: LaunchGroup, found_inf: torch.Tensor,
@@ -1156,16 +1160,15 @@ class TritonBackend(Backend):
         if group.hyper.nonfinite != "skip":
             return False
         st = self._state(group, found_inf)
-        args = st.commit_last_args  # None after a new flag (_state)
-        if args is None or args[2] is not skipped or st.commit_last_raw[2] != _DATA_PTR(skipped):
+        bound = st.commit_last_args  # None after a new flag (_state)
+        if bound is None or bound[0][2] is not skipped or bound[1][2] != _DATA_PTR(skipped):
             if not (isinstance(skipped, torch.Tensor) and skipped.dtype == torch.int64
                     and skipped.numel() == 1 and _same_device(skipped.device, group.device)
                     and skipped.data_ptr() % ALIGN_BYTES == 0):
                 return False
-            args = st.commit_last_args = (st.table, found_inf, skipped, st.ntensors)
-            st.commit_last_raw = _addresses(args)
+            bound = st.commit_last_args = _bind(st.table, found_inf, skipped, st.ntensors)
         with _get_device_context(group.device):
-            st.commit_last_launcher(1, args, st.commit_last_raw)
+            st.commit_last_launcher(1, bound)
         st.grads_seen = None
         return True
 
@@ -1175,7 +1178,8 @@ class TritonBackend(Backend):
         # The pointer checks run once per step: on the first pass that sees this step's grads
         # list. (The list is held only until commit, so its identity cannot be mistaken for a
         # later step's list, and grads are not kept alive between steps.)
-        if st is None or group.grads is not st.grads_seen:
+        first = st is None or group.grads is not st.grads_seen
+        if first:
             if st is None or not st.matches(group):
                 st = _build_state(group)
                 group.cache["triton"] = st
@@ -1192,14 +1196,13 @@ class TritonBackend(Backend):
             if grad_ptrs != st.grad_ptrs:
                 _refresh_grads(st, group, grad_ptrs)
             st.grads_seen = group.grads
-        if found_inf is not st.found_inf or _DATA_PTR(found_inf) != st.found_inf_addr:
+        # a new flag, or (once a step) the same flag moved to other storage
+        if found_inf is not st.found_inf or (
+                first and _DATA_PTR(found_inf) != st.commit_args[1][1]):
             _check_found_inf(found_inf, group.device)
             st.found_inf = found_inf
-            st.found_inf_addr = found_inf.data_ptr()
-            st.reduce_args = st.reduce_head + (found_inf, st.ntensors)
-            st.reduce_raw = _addresses(st.reduce_args)
-            st.commit_args = (st.table, found_inf, st.ntensors)
-            st.commit_raw = _addresses(st.commit_args)
+            st.reduce_args = _bind(*st.reduce_head, found_inf, st.ntensors)
+            st.commit_args = _bind(st.table, found_inf, st.ntensors)
             st.commit_last_args = None
             st.lr_arg = None  # pass-2 arguments are rebuilt with the new flag
         return st
@@ -1225,11 +1228,9 @@ class TritonBackend(Backend):
                 st.lr_buf.fill_(lr)
                 st.lr_value = lr
             arg = st.lr_buf
-        if arg is not st.lr_arg or _DATA_PTR(arg) != st.lr_addr:
+        if arg is not st.lr_arg or _DATA_PTR(arg) != st.pass2_args[1][4]:
             st.lr_arg = arg
-            st.lr_addr = arg.data_ptr()
-            st.pass2_args = st.pass2_head + (st.found_inf, arg) + st.pass2_tail
-            st.pass2_raw = _addresses(st.pass2_args)
+            st.pass2_args = _bind(*st.pass2_head, st.found_inf, arg, *st.pass2_tail)
 
 
 def _device_supported(device: torch.device) -> bool:
@@ -1414,18 +1415,15 @@ def _build_state(group: LaunchGroup) -> _GroupState:
     st.found_inf = None
     st.lr_arg = None
     st.grads_seen = None
-    st.commit_last_args = st.commit_last_raw = None
-    st.found_inf_addr = st.lr_addr = None
-    st.reduce_raw = st.commit_raw = st.pass2_raw = None
+    st.reduce_args = st.commit_args = st.pass2_args = st.commit_last_args = None
     st.variants = variants_for(group.param_dtype, group.grad_dtype, group.state_dtype, hyper)
     st.launchers = {name: _launcher(v, dev) for name, v in st.variants.items()}
     st.commit_last_launcher = _launcher(_COMMIT_LAST, dev) if hyper.nonfinite == "skip" else None
     seed = _i64(group.seed)
     sign = -1.0 if hyper.maximize else 1.0
     b1, b2, eps = _f32(hyper.beta1), _f32(hyper.beta2), _f32(hyper.eps)
-    st.pass1_args = (st.table, st.block_map, st.partial_sum, st.partial_bad, seed, sign, b1, b2,
-                     eps)
-    st.pass1_raw = _addresses(st.pass1_args)
+    st.pass1_args = _bind(st.table, st.block_map, st.partial_sum, st.partial_bad, seed, sign, b1,
+                          b2, eps)
     st.reduce_head = (st.table, st.partial_sum, st.partial_bad, st.stats)
     st.pass2_head = (st.table, st.block_map, st.stats)
     st.pass2_tail = (seed, sign, b1, b2, eps, _f32(hyper.weight_decay), _f32(hyper.clip),
