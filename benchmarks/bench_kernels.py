@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import csv
 import datetime
 import os
 import statistics
@@ -113,19 +112,15 @@ def main() -> int:
     plan_us, run_us, step_us = host_parts(opt, 200)
     print(f"host: plan check {plan_us:.1f} us, launches {run_us:.1f} us, step() {step_us:.1f} us "
           f"(medians, no sync)")
-    if args.out:
-        new = not os.path.exists(args.out)
-        with open(args.out, "a", newline="") as f:
-            w = csv.writer(f)
-            if new:
-                w.writerow(["date", "device", "torch", "triton", "case", "mode", "kernel", "us",
-                            "per_step", "ceiling_TBps", "host_plan_us", "host_launch_us",
-                            "host_step_us"])
-            for name, t, k in rows:
-                w.writerow([datetime.date.today(), torch.cuda.get_device_name(device),
-                            torch.__version__, bs._versions()[1], args.case, args.mode, name,
-                            f"{t:.1f}", f"{k:.0f}", f"{ceiling:.3f}", f"{plan_us:.1f}",
-                            f"{run_us:.1f}", f"{step_us:.1f}"])
+    if args.out and not bs.append_csv(
+            args.out, ["date", "device", "torch", "triton", "case", "mode", "kernel", "us",
+                       "per_step", "ceiling_TBps", "host_plan_us", "host_launch_us",
+                       "host_step_us"],
+            [[datetime.date.today(), torch.cuda.get_device_name(device), torch.__version__,
+              bs._versions()[1], args.case, args.mode, name, f"{t:.1f}", f"{k:.0f}",
+              f"{ceiling:.3f}", f"{plan_us:.1f}", f"{run_us:.1f}", f"{step_us:.1f}"]
+             for name, t, k in rows]):
+        return 1
     return 0
 
 

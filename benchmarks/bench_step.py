@@ -194,6 +194,27 @@ def time_steps(step: Callable[[], None], device: torch.device, steps: int, warmu
                   host_mean_us=statistics.mean(host) * 1e6)
 
 
+def append_csv(path: str, header: List[str], rows: List[list]) -> bool:
+    """Appends ``rows`` to the CSV file ``path`` (with ``header`` when the file is new). A file
+    whose columns differ (an older run's) is left alone: False, and a message naming --out."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    new = not os.path.exists(path)
+    if not new:
+        with open(path, newline="") as f:
+            have = next(csv.reader(f), [])
+        if have != header:
+            print(f"{path} has other columns ({','.join(have)}); not appending. Give another "
+                  f"file with --out", file=sys.stderr)
+            return False
+    with open(path, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(header)
+        w.writerows(rows)
+    print(f"appended {len(rows)} rows to {path}")
+    return True
+
+
 def alternating_grads(params: List[torch.Tensor]) -> Callable[[], None]:
     """A ``before`` for time_steps: every step gets other gradient tensors (two sets with the
     same values, alternating), as zero_grad(set_to_none=True) and a backward pass can give."""
@@ -377,22 +398,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    if rows:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        new = not os.path.exists(out)
-        if not new:
-            with open(out, newline="") as f:
-                have = next(csv.reader(f), [])
-            if have != list(rows[0]):
-                print(f"{out} has other columns ({','.join(have)}); not appending. Give another "
-                      f"file with --out", file=sys.stderr)
-                return 1
-        with open(out, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            if new:
-                w.writeheader()
-            w.writerows(rows)
-        print(f"appended {len(rows)} rows to {out}")
+    if rows and not append_csv(out, list(rows[0]), [list(r.values()) for r in rows]):
+        return 1
     return 0
 
 

@@ -8,7 +8,6 @@ Run: PYTHONPATH=python python benchmarks/tune_launch.py [--numel N] [--out CSV]
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as _dt
 import os
 import statistics
@@ -21,6 +20,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
 from luminamoon import LuminaMoon  # noqa: E402
 from luminamoon.optimizer import gpu_backend as gb  # noqa: E402
+
+sys.path.insert(0, HERE)
+import bench_step as bs  # noqa: E402
 
 F32, BF16 = torch.float32, torch.bfloat16
 MODES = {
@@ -92,15 +94,10 @@ def main():
         del p
         torch.cuda.empty_cache()
     if args.out:
-        new = not os.path.exists(args.out)
-        with open(args.out, "a", newline="") as f:
-            w = csv.writer(f)
-            if new:
-                w.writerow(["date", "device", "torch", "triton", "numel", "mix", "mode", "block",
-                            "warps", "rblock", "rwarps", "us", "TBps"])
-            for r in rows:
-                w.writerow([_dt.date.today().isoformat(), name, torch.__version__,
-                            gb.triton.__version__, args.numel, *r])
+        bs.append_csv(args.out, ["date", "device", "torch", "triton", "numel", "mix", "mode",
+                                 "block", "warps", "rblock", "rwarps", "us", "TBps"],
+                      [[_dt.date.today().isoformat(), name, torch.__version__,
+                        gb.triton.__version__, args.numel, *r] for r in rows])
 
 
 if __name__ == "__main__":
