@@ -175,3 +175,52 @@ def test_tensor_lr_with_scheduler_matches_adamw():
         s2.step()
     assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)
     assert normwise_rel_error(ours[0], theirs[0]) <= MAX_REL_ERR
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference's sqrt is the IEEE one on every CPU (torch's own CPU sqrt is not, on some)
+# ---------------------------------------------------------------------------------------------
+def _sqrt_cases() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(5)
+    every_exponent = torch.randint(1, 0x7F800000, (400_000,), dtype=torch.int32, generator=gen)
+    specials = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -1.0, 1.0,
+                             2.0, 4.0, 0.25, 1.4e-45, 1.1754942e-38, 1.17549435e-38, 3.4028235e38])
+    return torch.cat([every_exponent.view(torch.float32), torch.rand(100_000, generator=gen),
+                      specials])
+
+
+def _ieee_sqrt_bits(x: torch.Tensor) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        root = np.sqrt(x.numpy())  # numpy's float32 sqrt: the hardware's IEEE instruction
+    return np.where(np.isnan(root), np.int32(0x7FC00000), root.view(np.int32))
+
+
+def _bits_nan_canonical(t: torch.Tensor) -> np.ndarray:
+    a = t.numpy()
+    return np.where(np.isnan(a), np.int32(0x7FC00000), a.view(np.int32))
+
+
+def test_sqrt_rn_is_the_correctly_rounded_root():
+    from luminamoon.optimizer.reference import sqrt_rn
+
+    x = _sqrt_cases()
+    assert np.array_equal(_bits_nan_canonical(sqrt_rn(x)), _ieee_sqrt_bits(x))
+
+
+@pytest.mark.parametrize("ulps", [-2, -1, 1, 2])
+def test_sqrt_rn_corrects_a_guess_off_by_ulps(monkeypatch, ulps):
+    """Whatever torch's sqrt returns within two ulps, the corrected root is the IEEE one."""
+    from luminamoon.optimizer import reference
+
+    x = _sqrt_cases()
+
+    def off_by(y):  # the IEEE root (numpy's), moved by `ulps`; y >= 1 here: no sign flip
+        with np.errstate(invalid="ignore"):  # the negative x of the specials
+            r = torch.from_numpy(np.sqrt(y.numpy()))
+        return (r.view(torch.int32) + ulps).view(torch.float32)
+
+    monkeypatch.setattr(reference.torch, "sqrt", off_by)
+    got = reference.sqrt_rn(x)
+    monkeypatch.undo()
+    finite_pos = (x > 0) & torch.isfinite(x)
+    assert np.array_equal(_bits_nan_canonical(got[finite_pos]), _ieee_sqrt_bits(x[finite_pos]))

@@ -19,6 +19,66 @@ from ._plan import LaunchGroup
 # float32 constant of the "rel" bound: r = bound * sqrt(p0 * p0 + 1e-4).
 REL_BOUND_FLOOR = 1e-4
 
+# Veltkamp's splitting constant for float32 (2**12 + 1): a * SPLIT splits a 24-bit significand
+# into two 12-bit halves whose products are exact.
+_SPLIT = 4097.0
+
+
+def _two_square_error(s: torch.Tensor) -> torch.Tensor:
+    """The exact error s*s - fl(s*s) for float32 ``s`` of moderate magnitude (Dekker)."""
+    c = s * _SPLIT
+    hi = c - (c - s)
+    lo = s - hi
+    p = s * s
+    return ((hi * hi - p) + hi * lo + lo * hi) + lo * lo
+
+
+def sqrt_rn(x: torch.Tensor) -> torch.Tensor:
+    """float32 sqrt, correctly rounded (round to nearest even), on every device.
+
+    The spec's sqrt is the IEEE one (the kernels' sqrt_rn, the C++ engine's std::sqrt). torch's
+    CPU sqrt is not always that: through MKL's vector library it is within one ulp, and on some
+    CPUs (seen on AMD EPYC, every ATEN_CPU_CAPABILITY) about one float32 result in six is one
+    ulp off. Here torch's value is only the first guess; the guess is then corrected with exact
+    float32 arithmetic only (no float64: MPS has none):
+
+    - x = y * 4**k with y in [1, 4) (exact: integer ops on the bits), so nothing below
+      overflows or underflows;
+    - s = sqrt(y) (the guess, at most an ulp off), e = y - s*s exactly (Dekker's product; e is
+      a multiple of ulp(s)**2 / 4, a float32 whenever s is the right root or a neighbour of it;
+      where the guess is further off, e is rounded but far beyond either threshold);
+    - the correctly rounded root is above s when y exceeds the upper midpoint squared, which
+      on that grid is e > s * ulp_up(s), and below s when e <= -s * ulp_down(s); twice, for a
+      guess two ulps off;
+    - sqrt(x) = root * 2**k (exact). Zero, +inf, NaN and negative x keep torch's value.
+
+    On CUDA torch's sqrt is already IEEE (nvcc's default -prec-sqrt=true) and is returned as is.
+    """
+    if x.device.type == "cuda":
+        return torch.sqrt(x)
+    bits = x.view(torch.int32)
+    finite_pos = (bits > 0) & (bits < 0x7F800000)
+    # subnormal x: scale by 2**64 first (exact), undone below as 2**-32 on the root
+    tiny = bits < 0x00800000
+    xs = torch.where(tiny, x * 18446744073709551616.0, x)
+    b = xs.view(torch.int32)
+    exp = (b >> 23) - 127  # unbiased exponent of the (now normal) finite positive values
+    half = torch.div(exp, 2, rounding_mode="floor")  # exp = 2 * half + (0 or 1)
+    # y = mantissa * 2**(exp - 2 * half): exponent field 127 (y in [1, 2)) or 128 ([2, 4))
+    y_bits = (b & 0x007FFFFF) | ((exp - 2 * half + 127) << 23)
+    y = torch.where(finite_pos, y_bits.view(torch.float32), torch.ones_like(x))
+    s = torch.sqrt(y)
+    for _ in range(2):
+        e = (y - s * s) - _two_square_error(s)
+        s_bits = s.view(torch.int32)  # s is in [1, 2): its neighbours are the bits +- 1
+        up = (s_bits + 1).view(torch.float32)
+        down = (s_bits - 1).view(torch.float32)
+        s = torch.where(e > s * (up - s), up, torch.where(e <= -(s * (s - down)), down, s))
+    # 2**half (minus 32 for the scaled subnormals) as float32 bits; half is in [-75, 64)
+    k = torch.where(tiny, half - 32, half)
+    scale = ((k + 127) << 23).view(torch.float32)
+    return torch.where(finite_pos, s * scale, torch.sqrt(x))
+
 
 def _bias_correction(beta: float, t: torch.Tensor) -> torch.Tensor:
     """float32(1 - float64(beta) ** t) for the step tensor ``t``, on its device.
@@ -101,7 +161,7 @@ class _TensorStep:
         m_new = m_store.to(torch.float32)
         v_new = v_store.to(torch.float32)
         # 4. Adam direction
-        u = (m_new * rbc1) / (torch.sqrt(v_new * rbc2) + h.eps)
+        u = (m_new * rbc1) / (sqrt_rn(v_new * rbc2) + h.eps)
         return m_store, v_store, u
 
 
@@ -150,7 +210,7 @@ class ReferenceBackend(Backend):
             m_store, v_store, u = ts.moments_and_direction()
             # 5. soft clip (pass 2 only)
             if use_clip:
-                tau = h.clip * torch.sqrt(group.stats[j] / float(group.global_numels[j]))
+                tau = h.clip * sqrt_rn(group.stats[j] / float(group.global_numels[j]))
                 safe_tau = torch.where(tau == 0, torch.ones_like(tau), tau)
                 u = torch.where(tau == 0, torch.zeros_like(u), tau * torch.tanh(u * (1.0 / safe_tau)))
             # 6. decoupled decay and step
@@ -162,7 +222,7 @@ class ReferenceBackend(Backend):
                 if h.bound_mode == 1:
                     r = torch.full_like(p0, h.bound)
                 else:
-                    r = h.bound * torch.sqrt(p0 * p0 + REL_BOUND_FLOOR)
+                    r = h.bound * sqrt_rn(p0 * p0 + REL_BOUND_FLOOR)
                 q = torch.minimum(torch.maximum(q, p0 - r), p0 + r)
             # 8. store p (stream 0), m, v, each rounded to its storage dtype
             p_store = ts.store_round(q, group.param_dtype, rng.STREAM_PARAM)
