@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import bits
+from conftest import bits, dtensor_api, spawn_ranks
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -43,41 +43,33 @@ def _run_plain(cfg):
     return p.detach(), int(opt.skipped_steps), opt.state[p]["exp_avg"]
 
 
-def _worker(rank, store_path, out_path):
-    import torch.distributed as dist
+def _worker(rank, out_path):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
 
     from luminamoon import LuminaMoon
 
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank,
-                            world_size=WORLD)
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,))
-        init, grads = _data()
-        results = {}
-        for cfg_name, cfg in CONFIGS.items():
-            p = torch.nn.Parameter(distribute_tensor(init.clone(), mesh, [Shard(0)]))
-            opt = LuminaMoon([p], lr=2e-2, seed=77, backend="reference", **cfg)
-            for g in grads:
-                p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
-                opt.step()
-            results[cfg_name] = {"p": p.detach().full_tensor(), "skipped": int(opt.skipped_steps),
-                                 "m": opt.state[p]["exp_avg"].full_tensor()}
-        if rank == 0:
-            torch.save(results, out_path)
-    finally:
-        dist.destroy_process_group()
+    _, Shard, _, distribute_tensor = dtensor_api()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    init, grads = _data()
+    results = {}
+    for cfg_name, cfg in CONFIGS.items():
+        p = torch.nn.Parameter(distribute_tensor(init.clone(), mesh, [Shard(0)]))
+        opt = LuminaMoon([p], lr=2e-2, seed=77, backend="reference", **cfg)
+        for g in grads:
+            p.grad = distribute_tensor(g.clone(), mesh, [Shard(0)])
+            opt.step()
+        results[cfg_name] = {"p": p.detach().full_tensor(), "skipped": int(opt.skipped_steps),
+                             "m": opt.state[p]["exp_avg"].full_tensor()}
+    if rank == 0:
+        torch.save(results, out_path)
 
 
 @pytest.fixture(scope="module")
 def sharded_results(tmp_path_factory):
     """Both configurations stepped on two ranks (one spawn: starting ranks is the slow part)."""
-    import torch.multiprocessing as mp
-
     tmp = tmp_path_factory.mktemp("dtensor")
     out = str(tmp / "out.pt")
-    mp.spawn(_worker, args=(str(tmp / "store"), out), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, WORLD, str(tmp), out)
     return torch.load(out)
 
 

@@ -61,6 +61,11 @@ class LaunchGroup:
     param_indices: List[int]  # k of each tensor
     elem_offsets: List[int]  # global flat index of each local first element (0 unsharded)
     global_numels: List[int]  # element count of each whole tensor
+    # DTensor parameters (optimizer._dtensor): the mesh dimensions that shard every tensor of
+    # the group (S is summed over them) and every dimension of their mesh (the skip flag is
+    # combined over those); both sorted, empty for plain tensors.
+    reduce_dims: tuple = ()
+    mesh_dims: tuple = ()
     # Filled by pass 1 (float32 [ntensors] on `device`): S_j = sum of u*u over tensor j.
     stats: Optional[torch.Tensor] = None
     # The data_ptr() of every param and grad when the caller vouches for them (the optimizer

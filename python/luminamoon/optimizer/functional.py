@@ -6,13 +6,13 @@ calls it with its cached groups.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ._backend import Backend
 from ._device import _get_device_context
+from ._dtensor import local_tensor, shard_layout
 from ._plan import LaunchGroup
 from ._validation import (
     check_grad,
@@ -27,85 +27,34 @@ from .backends import select_backend
 
 __all__ = ["tdclm"]
 
-# Key of LaunchGroup.cache holding the process groups a sharded group's statistics and skip
-# flag are summed (maxed) over.
-SHARD_CACHE_KEY = "luminamoon.shard_groups"
-
-
-# --------------------------------------------------------------------------------------------
-# sharded (DTensor) parameters
-# --------------------------------------------------------------------------------------------
-_DTENSOR_API = None
-
-
-def _dtensor_api():
-    """(DTensor class, compute_local_shape_and_global_offset) or (None, None)."""
-    global _DTENSOR_API
-    if _DTENSOR_API is None:
-        try:
-            from torch.distributed.tensor import DTensor
-            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-        except Exception:  # torch built without distributed, or an older layout
-            try:
-                from torch.distributed._tensor import DTensor
-                from torch.distributed._tensor._utils import (
-                    compute_local_shape_and_global_offset,
-                )
-            except Exception:
-                DTensor, compute_local_shape_and_global_offset = None, None
-        _DTENSOR_API = (DTensor, compute_local_shape_and_global_offset)
-    return _DTENSOR_API
-
-
-def is_dtensor(t) -> bool:
-    cls = _dtensor_api()[0]
-    return cls is not None and isinstance(t, cls)
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The local storage of ``t`` (its shard for a DTensor)."""
-    return t.to_local() if is_dtensor(t) else t
-
-
-def shard_layout(p: torch.Tensor, name: str) -> Tuple[int, int, tuple]:
-    """(global flat index of the first local element, whole element count, shard groups)."""
-    if not is_dtensor(p):
-        return 0, p.numel(), ()
-    _, compute = _dtensor_api()
-    shard_dims = []
-    for mesh_dim, placement in enumerate(p.placements):
-        if placement.is_replicate():
-            continue
-        if placement.is_shard() and placement.dim == 0:
-            shard_dims.append(mesh_dim)
-            continue
-        raise ValueError(
-            f"{name} is a DTensor with placements {tuple(p.placements)}; LuminaMoon steps "
-            f"DTensors sharded on dim 0 (Shard(0), as FSDP2 does) or replicated; redistribute it")
-    if not shard_dims:
-        return 0, p.numel(), ()
-    _, global_offset = compute(p.shape, p.device_mesh, p.placements)
-    row = math.prod(p.shape[1:]) if p.dim() > 1 else 1
-    offset = int(global_offset[0]) * row if p.dim() > 0 else 0
-    groups = tuple(p.device_mesh.get_group(d) for d in shard_dims)
-    return offset, p.numel(), groups
-
-
 # --------------------------------------------------------------------------------------------
 # the step flow
 # --------------------------------------------------------------------------------------------
 def _raise_on_nonfinite(groups: Sequence[LaunchGroup], describe: Callable[[int], str]) -> None:
-    """nonfinite="raise": one host check per device, before anything changes."""
+    """nonfinite="raise": one host check per device, before anything changes. With DTensor
+    parameters every rank raises for the same parameter (the first offending one over all
+    ranks): a rank that raised alone would leave the others waiting in the step's collectives."""
     by_device: Dict[torch.device, List[Tuple[int, torch.Tensor]]] = {}
     for group in groups:
         if group.hyper.nonfinite != "raise":
             continue
         for k, grad in zip(group.param_indices, group.grads):
             by_device.setdefault(group.device, []).append((k, grad))
+    if not by_device:
+        return
     bad: List[int] = []
     for items in by_device.values():
         finite = torch.stack([torch.isfinite(grad).all() for _, grad in items]).tolist()
         bad.extend(k for (k, _), ok in zip(items, finite) if not ok)
+    dims = _step_mesh_dims(groups)
+    if dims:
+        import torch.distributed as dist
+
+        none = 2**62
+        first = torch.tensor([min(bad, default=none)], dtype=torch.int64, device=dims[0][1])
+        for mesh_dim, _ in dims:
+            dist.all_reduce(first, op=dist.ReduceOp.MIN, group=mesh_dim.group)
+        bad = [int(first.item())] if int(first.item()) != none else []
     if bad:
         k = min(bad)
         raise FloatingPointError(
@@ -114,20 +63,44 @@ def _raise_on_nonfinite(groups: Sequence[LaunchGroup], describe: Callable[[int],
             f"the loss), or pass nonfinite='skip' to skip such steps on the device")
 
 
+def _step_mesh_dims(groups: Sequence[LaunchGroup]) -> List[Tuple[object, torch.device]]:
+    """Every mesh dimension of the step's sharded groups with the device its buffers live on,
+    in the canonical order (MeshDim's key: the same on every rank)."""
+    seen: Dict[object, torch.device] = {}
+    for group in groups:
+        for d in group.mesh_dims:
+            seen.setdefault(d, group.device)
+    return sorted(seen.items(), key=lambda item: item[0])
+
+
 def _all_reduce_shards(groups: Sequence[LaunchGroup], flags: Dict[torch.device, torch.Tensor]):
-    """Sharded groups: S summed, the skip flag maxed over the shard ranks."""
+    """The step's collectives, issued in one order on every rank: for each mesh dimension of the
+    step's DTensor parameters, in MeshDim order, one SUM all-reduce of one float32 buffer that
+    holds the S of every group sharded along that dimension (in group order, which is parameter
+    order) and, when some group skips, the skip flag as a count of ranks that saw a non-finite
+    gradient. After the last dimension every rank holds the same count, so every rank skips
+    the same steps; S is summed over exactly the dimensions that shard its tensor."""
     import torch.distributed as dist
 
-    flag_groups = set()
-    for group in groups:
-        shard_groups = group.cache.get(SHARD_CACHE_KEY, ())
-        for pg in shard_groups:
-            if group.stats is not None:
-                dist.all_reduce(group.stats, op=dist.ReduceOp.SUM, group=pg)
-            if group.hyper.nonfinite == "skip":
-                flag_groups.add((group.device, pg))
-    for device, pg in sorted(flag_groups, key=lambda x: (str(x[0]), id(x[1]))):
-        dist.all_reduce(flags[device], op=dist.ReduceOp.MAX, group=pg)
+    skipping = any(g.hyper.nonfinite == "skip" for g in groups)
+    for mesh_dim, device in _step_mesh_dims(groups):
+        owners = [g for g in groups if mesh_dim in g.reduce_dims and g.hyper.clip > 0
+                  and g.stats is not None]
+        flag = flags.get(device) if skipping else None
+        parts = [g.stats.to(torch.float32) for g in owners]
+        if flag is not None:
+            parts.append(flag.to(torch.float32).reshape(1))
+        if not parts:
+            continue
+        buf = torch.cat(parts)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=mesh_dim.group)
+        at = 0
+        for g in owners:
+            n = g.stats.numel()
+            g.stats.copy_(buf[at:at + n])
+            at += n
+        if flag is not None:
+            flag.copy_((buf[at] > 0).to(flag.dtype))
 
 
 def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend], *,
@@ -214,7 +187,7 @@ def _launch_step(groups: Sequence[LaunchGroup], backends: Sequence[Backend],
         if group.hyper.needs_pass1:
             with _get_device_context(group.device):
                 backend.pass1(group, flag_for(group))
-    if any(group.cache.get(SHARD_CACHE_KEY) for group in groups):
+    if any(group.mesh_dims for group in groups):
         _all_reduce_shards(groups, flags)
     # One skip decision for the whole step: the flags of every device combined (max) before
     # any pass 2 runs; cross-device copies, no host synchronisation.
@@ -311,12 +284,12 @@ def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[
         step = steps[i]
         if not isinstance(step, torch.Tensor) or step.dim() != 0 or step.dtype != torch.int64:
             raise ValueError(f"steps[{i}] must be a 0-dim int64 tensor, got {step!r}")
-        offset, global_numel, shard_groups = shard_layout(p, name)
+        layout = shard_layout(p, name)
         local = local_tensor(p)
         if step.device != local.device:
             raise ValueError(f"steps[{i}] lives on {step.device} but {name} on {local.device}; "
                              f"keep each step counter on its parameter's device")
-        key = (local.device, p.dtype, g.dtype, shard_groups)
+        key = (local.device, p.dtype, g.dtype, layout.reduce_dims, layout.mesh_dims)
         group = buckets.get(key)
         if group is None:
             group = LaunchGroup(
@@ -324,9 +297,8 @@ def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[
                 state_dtype=state_dtype, hyper=hyper, lr=lr, seed=int(seed), params=[],
                 grads=[], exp_avgs=[], exp_avg_sqs=[],
                 p_inits=[] if hyper.bound_mode else None, steps=[], param_indices=[],
-                elem_offsets=[], global_numels=[])
-            if shard_groups:
-                group.cache[SHARD_CACHE_KEY] = shard_groups
+                elem_offsets=[], global_numels=[], reduce_dims=layout.reduce_dims,
+                mesh_dims=layout.mesh_dims)
             buckets[key] = group
         group.params.append(local)
         group.grads.append(local_tensor(g))
@@ -336,8 +308,8 @@ def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[
             group.p_inits.append(local_tensor(p_inits[i]))
         group.steps.append(step)
         group.param_indices.append(int(param_indices[i]))
-        group.elem_offsets.append(offset)
-        group.global_numels.append(global_numel)
+        group.elem_offsets.append(layout.elem_offset)
+        group.global_numels.append(layout.global_numel)
     groups = list(buckets.values())
     chosen = [select_backend(backend, group, aot_bundle=aot_bundle) for group in groups]
     flags = {}

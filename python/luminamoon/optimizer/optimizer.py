@@ -27,7 +27,8 @@ from ._validation import (
     validate_seed,
 )
 from .backends import select_backend
-from .functional import SHARD_CACHE_KEY, is_dtensor, local_tensor, run_launch_groups, shard_layout
+from ._dtensor import is_dtensor, local_tensor, shard_layout
+from .functional import run_launch_groups
 
 __all__ = ["LuminaMoon"]
 
@@ -330,9 +331,10 @@ class LuminaMoon(torch.optim.Optimizer):
                         self._init_state(p, group)
                         created.append(p)
                     state = self.state[p]
-                    offset, global_numel, shard_groups = shard_layout(p, "")
+                    layout = shard_layout(p, "")
                     local = local_tensor(p)
-                    key = (local.device, p.dtype, p.grad.dtype, shard_groups)
+                    key = (local.device, p.dtype, p.grad.dtype, layout.reduce_dims,
+                           layout.mesh_dims)
                     entry = buckets.get(key)
                     if entry is None:
                         launch = LaunchGroup(
@@ -340,9 +342,8 @@ class LuminaMoon(torch.optim.Optimizer):
                             state_dtype=group["state_dtype"], hyper=hyper, lr=group["lr"],
                             seed=self._seed, params=[], grads=[], exp_avgs=[], exp_avg_sqs=[],
                             p_inits=[] if hyper.bound_mode else None, steps=[],
-                            param_indices=[], elem_offsets=[], global_numels=[])
-                        if shard_groups:
-                            launch.cache[SHARD_CACHE_KEY] = shard_groups
+                            param_indices=[], elem_offsets=[], global_numels=[],
+                            reduce_dims=layout.reduce_dims, mesh_dims=layout.mesh_dims)
                         entry = (launch, [])
                         buckets[key] = entry
                     launch, owners = entry
@@ -353,8 +354,8 @@ class LuminaMoon(torch.optim.Optimizer):
                         launch.p_inits.append(local_tensor(state["p_init"]))
                     launch.steps.append(state["step"])
                     launch.param_indices.append(index)
-                    launch.elem_offsets.append(offset)
-                    launch.global_numels.append(global_numel)
+                    launch.elem_offsets.append(layout.elem_offset)
+                    launch.global_numels.append(layout.global_numel)
                     owners.append(p)
                 for launch, owners in buckets.values():
                     groups.append(launch)
