@@ -19,13 +19,15 @@ from typing import Any
 
 import pytest
 
+from conftest import requires_compiled_triton
+
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from luminamoon.aot import builder, cli, compat, manifest as mf  # noqa: E402
 from luminamoon.aot.cubin import ELF_MAGIC, has_symbol, parse_cubin  # noqa: E402
 
-pytestmark = pytest.mark.triton
+pytestmark = [pytest.mark.triton, *requires_compiled_triton]
 ARCHS = (80, 90)
 
 
@@ -242,9 +244,11 @@ def _jit_compile(fn, args, constexprs, num_warps, num_stages, arch, extra_option
     binder = make_binder(fn.signature, fn.params, backend)
     kwargs = dict(constexprs, num_warps=num_warps, num_stages=num_stages, **dict(extra_options))
     knobs = getattr(triton, "knobs", None)
-    if knobs is not None:  # what JITFunction.run adds before binding
+    if knobs is not None:  # what JITFunction.run adds before binding, where this Triton has it
         kwargs["debug"] = fn.debug or knobs.runtime.debug
-        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        run_source = inspect.getsource(jit.JITFunction.run)
+        if "instrumentation_mode" in run_source:  # 3.8+; absent from 3.5's knobs and run()
+            kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, jit_constexprs, attrs = fn._pack_args(backend, kwargs, bound,
                                                                specialization, options)
@@ -619,3 +623,16 @@ def test_cli_build_real_kernels_one_combo(tmp_path, capsys):
     man = json.loads((out / "manifest.json").read_text())
     assert len(man["kernels"]) == len(_one_combo_variants())
     assert cli.main(["verify", str(out)]) == 0
+
+
+def test_parallel_build_workers_are_not_forked_and_find_the_kernels():
+    """A process that has compiled a kernel holds LLVM's threads: a forked worker of it hangs or
+    dies on Triton 3.0/3.1. Workers start fresh and import each kernel by name."""
+    assert builder._start_method() in ("forkserver", "spawn")
+    assert builder._fn_ref(_aot_toy_kernel) == (_aot_toy_kernel.fn.__module__, "_aot_toy_kernel")
+
+    @triton.jit
+    def local_kernel(x_ptr):  # defined in a function: no worker can import it
+        tl.store(x_ptr, 0.0)
+
+    assert builder._fn_ref(local_kernel) is None

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import requires_compiled_triton
+
 pytest.importorskip("triton")
 
 from luminamoon.aot import cli, manifest as mf  # noqa: E402
 from luminamoon.aot.cubin import CubinError, parse_cubin  # noqa: E402
 from test_aot_builder import build_toy_bundle  # noqa: E402  (tests/ is on sys.path)
 
-pytestmark = pytest.mark.triton
+pytestmark = [pytest.mark.triton, *requires_compiled_triton]
 
 
 @pytest.fixture(scope="module")

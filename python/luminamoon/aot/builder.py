@@ -28,6 +28,8 @@ is not yet whole.
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import multiprocessing
 import os
 import sys
@@ -246,14 +248,33 @@ def _default_kernels() -> Any:
     return gpu_backend
 
 
-# Work of a parallel build, inherited by forked workers (functions are not sent through pipes).
-_WORK: List[Tuple[CompilePlan, Any, int]] = []
-_WORK_API: Optional[str] = None
+def _fn_ref(fn: Any) -> Optional[Tuple[str, str]]:
+    """(module, attribute) under which a fresh worker process finds the @triton.jit ``fn``
+    again, or None when it cannot (a kernel defined inside a function, or in ``__main__``)."""
+    py = getattr(fn, "fn", fn)
+    module, name = getattr(py, "__module__", None), getattr(py, "__name__", None)
+    if not module or not name or module == "__main__":
+        return None
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except Exception:  # noqa: BLE001 - an unimportable module just means no worker can
+        return None
+    return (module, name) if found is fn else None
 
 
-def _compile_work_item(index: int) -> Tuple[int, Dict[str, Any], bytes]:
-    plan, variant, arch = _WORK[index]
-    entry, cubin = compile_variant(plan, variant, arch, _WORK_API)
+def _start_method() -> str:
+    """How parallel builds start their workers: never by fork. A process that has compiled a
+    kernel holds LLVM's thread pool, and a forked copy of it deadlocks or dies in
+    pthread_join (seen with Triton 3.0 and 3.1); a forkserver (or spawned) worker starts
+    from a fresh interpreter and imports the kernels itself."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _compile_in_worker(item: Tuple[int, Tuple[str, str], CompilePlan, Any, int, str]
+                       ) -> Tuple[int, Dict[str, Any], bytes]:
+    index, (module, name), plan, variant, arch, api = item
+    fn = getattr(importlib.import_module(module), name)
+    entry, cubin = compile_variant(dataclasses.replace(plan, fn=fn), variant, arch, api)
     return index, entry, cubin
 
 
@@ -267,9 +288,9 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
     ``variants`` defaults to ``gpu_backend.all_variants(dtype_combos)`` (every default dtype
     combination when ``dtype_combos`` is None); ``specs`` (kernel name -> ``KernelSpec``)
     defaults to ``gpu_backend.KERNEL_SPECS``. ``jobs`` > 1 compiles in that many worker
-    processes (where the platform can fork).
+    processes, each a fresh interpreter (:func:`_start_method`); kernels a worker cannot
+    import by name are compiled here, one after the other.
     """
-    global _WORK, _WORK_API
     archs = _check_archs(archs)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise BuildError(f"jobs must be an integer >= 1, got {jobs!r}")
@@ -318,20 +339,21 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
         entries[index] = entry
         bar.update(entry)
 
+    refs = {k: _fn_ref(p.fn) for k, p in plans.items()}
+    parallel = jobs > 1 and len(work) > 1 and all(r is not None for r in refs.values())
     try:
-        if jobs > 1 and len(work) > 1 and "fork" in multiprocessing.get_all_start_methods():
-            _WORK, _WORK_API = work, api
-            ctx = multiprocessing.get_context("fork")
+        if parallel:
+            items = [(i, refs[plan.kernel], dataclasses.replace(plan, fn=None), v, a, api)
+                     for i, (plan, v, a) in enumerate(work)]
+            ctx = multiprocessing.get_context(_start_method())
             with ctx.Pool(processes=min(jobs, len(work))) as pool:
-                for index, entry, cubin in pool.imap_unordered(_compile_work_item,
-                                                               range(len(work))):
+                for index, entry, cubin in pool.imap_unordered(_compile_in_worker, items):
                     finish(index, entry, cubin)
         else:
             for index, (plan, v, a) in enumerate(work):
                 entry, cubin = compile_variant(plan, v, a, api)
                 finish(index, entry, cubin)
     finally:
-        _WORK, _WORK_API = [], None
         bar.close()
 
     manifest = {

@@ -233,6 +233,11 @@ def jit_params(fn: Any) -> List[ParamInfo]:
     """The parameters of a ``JITFunction`` with their specialisation flags (3.0 - 3.9)."""
     params = getattr(fn, "params", None)
     if params is None:
+        if type(fn).__name__ == "InterpretedFunction":
+            raise TritonCompatError(
+                f"{getattr(fn, '__name__', fn)!r} is interpreted: TRITON_INTERPRET=1 is set, "
+                "and Triton's interpreter compiles nothing; unset TRITON_INTERPRET to build a "
+                "bundle")
         raise TritonCompatError(f"{fn!r} is not a @triton.jit function (it has no .params)")
     dns = set(getattr(fn, "do_not_specialize", None) or ())
     dns_al = set(getattr(fn, "do_not_specialize_on_alignment", None) or ())
