@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build/cpp
 ASAN_BUILD ?= build/cpp-asan
 
-.PHONY: setup system-deps venv install dev cpp cpp-test cpp-asan-test pytest test demo bench clean
+.PHONY: setup system-deps venv install dev cpp cpp-test cpp-asan-test pytest test test-matrix demo bench clean
 
 setup: install
 
@@ -21,7 +21,7 @@ $(VENV)/.deps-stamp: scripts/install-system-deps.sh pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" numpy scikit-build-core nanobind \
-	    pytest hypothesis scikit-learn tqdm matplotlib
+	    pytest pytest-timeout hypothesis scikit-learn tqdm matplotlib
 	touch $@
 
 venv: $(VENV)/.deps-stamp
@@ -54,6 +54,16 @@ pytest: install
 	cd tests && LUMINAMOON_REQUIRE_NATIVE=1 $(VPY) -m pytest -q -ra --rootdir=.. -c ../pyproject.toml .
 
 test: cpp-test cpp-asan-test pytest
+
+# Every supported torch release with the Triton its build pins (scripts/test_matrix.py): a fresh
+# venv each, LuminaMoon's wheel built once and installed into all. MATRIX_ARGS: e.g.
+# --pairs 2.4.1,2.15.0, --keep-bundles DIR (each Triton's default bundle, for the GPU run).
+MATRIX_OUT ?= build/matrix
+test-matrix: venv
+	rm -rf $(MATRIX_OUT)/dist
+	$(VPY) -m pip wheel -q --no-build-isolation --no-deps -w $(MATRIX_OUT)/dist .
+	$(VPY) scripts/test_matrix.py --wheel $$(ls $(MATRIX_OUT)/dist/luminamoon-*.whl) \
+	    --out $(MATRIX_OUT) $(MATRIX_ARGS)
 
 demo: install
 	$(VPY) -m luminamoon demo

@@ -50,6 +50,66 @@ def triton_available() -> bool:
 requires_triton = pytest.mark.skipif(not triton_available(), reason=SKIP_NO_TRITON_REASON)
 
 
+def triton_interpreted() -> bool:
+    """Whether this session's Triton interprets kernels (TRITON_INTERPRET=1, read by Triton when
+    a kernel is decorated): then nothing can be compiled ahead of time."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# Tests that compile kernels (the AOT builder, its bundles, the PTX checks).
+requires_compiled_triton = [
+    requires_triton,
+    pytest.mark.skipif(triton_interpreted(), reason="TRITON_INTERPRET=1: Triton's interpreter "
+                       "compiles nothing, so no bundle can be built in this session"),
+]
+
+
+def dtensor_api():
+    """(DTensor, Shard, Replicate, distribute_tensor): torch.distributed.tensor from torch 2.5,
+    torch.distributed._tensor before (2.4)."""
+    try:
+        from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    except ImportError:
+        from torch.distributed._tensor import DTensor, Replicate, Shard, distribute_tensor
+    return DTensor, Shard, Replicate, distribute_tensor
+
+
+def _rank_main(rank, fn, world, store_path, backend, args):
+    import traceback
+
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world)
+    code = 0
+    try:
+        fn(rank, *args)
+        dist.barrier()
+    except BaseException:  # noqa: BLE001 - reported, and the rank's exit status says so
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+    # Leave without running static destructors: torch's gloo threads abort about one process
+    # exit in six there ("terminate called without an active exception", torch 2.13 CPU, with
+    # or without LuminaMoon imported), after every result has been written.
+    os._exit(code)
+
+
+def spawn_ranks(fn, world: int, tmp_dir: str, *args, backend: str = "gloo") -> None:
+    """Runs ``fn(rank, *args)`` on ``world`` fresh processes in one process group (a FileStore
+    under ``tmp_dir``); raises when any rank fails. ``fn`` must be importable by name."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_main, args=(fn, world, os.path.join(tmp_dir, "store"), backend, args),
+             nprocs=world, join=True)
+
+
 def dtype_id(dtype: torch.dtype) -> str:
     return DTYPE_IDS.get(dtype, str(dtype))
 

@@ -62,7 +62,9 @@ def _run_plain(cfg):
 def _worker(rank, store_path, out_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from conftest import dtensor_api
+
+    _, Shard, _, distribute_tensor = dtensor_api()
 
     from luminamoon import LuminaMoon
 

@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""scripts/test_matrix.py: the PyTorch x Triton compatibility matrix (``make test-matrix``).
+
+For every supported torch release (with the Triton its build pins) this makes a fresh virtual
+environment, installs that torch, its Triton and LuminaMoon's own wheel (built once: the native
+module does not link torch), and runs
+
+  1. the whole pytest suite (CPU tests; the Triton kernels under the interpreter run in the
+     suite's child process; DTensor on two gloo ranks; the AOT builder), and
+  2. the command lines on a bundle this Triton builds: ``luminamoon aot build`` (sm_90, one
+     dtype combination), ``luminamoon aot inspect`` and ``verify``, and the C++ loader's
+     ``luminav verify`` (the trailing scratch pointers of this Triton's ABI).
+
+Downloads go to one wheelhouse per pair, fetched while the pair before is being tested; pip's
+own cache serves the packages pairs share. Each pair has a time limit. The summary (pair,
+versions, passed, failed, skipped, seconds, trailing scratch pointers) is printed as a table,
+written to ``--out``/summary.json and summary.md, and ends with ``N passed, N failed``; the exit
+status is 1 when any pair failed or could not be installed.
+
+``--readme`` rewrites the README's compatibility table from a summary.json instead.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Pair:
+    torch: str
+    triton: str  # major.minor of the Triton torch's build pins (pip resolves it with torch)
+    pins: tuple = ()  # extra requirements of this pair, each with its reason below
+
+    @property
+    def name(self) -> str:
+        return f"torch {self.torch} + triton {self.triton}"
+
+
+# Triton 3.0 and 3.1's interpreter (TRITON_INTERPRET=1) silently drops every tl.store with numpy
+# 2.x (a one-line kernel leaves its output unchanged); numpy 1.26 works.
+_NUMPY_1 = ("numpy<2",)
+
+PAIRS: List[Pair] = [
+    Pair("2.4.1", "3.0", _NUMPY_1),
+    Pair("2.5.1", "3.1", _NUMPY_1),
+    Pair("2.6.0", "3.2"),
+    Pair("2.7.1", "3.3"),
+    Pair("2.8.0", "3.4"),
+    Pair("2.9.1", "3.5"),
+    Pair("2.12.1", "3.7"),
+    Pair("2.14.1", "3.8"),
+    Pair("2.15.0", "3.9"),
+]
+
+TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "hypothesis")
+
+
+def _log(msg: str) -> None:
+    print(f"[matrix {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _pip_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    # The pip cap of this kind of machine (torch <= 2.14.1, /etc/xdg/pip) would refuse 2.15:
+    # lifted for the matrix's own installs only.
+    env["PIP_CONSTRAINT"] = ""
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def _requirements(pair: Pair) -> List[str]:
+    return [f"torch=={pair.torch}", *pair.pins, *TEST_REQUIREMENTS]
+
+
+class Prefetch:
+    """``pip download`` of one pair's wheels into its wheelhouse, in a background thread."""
+
+    def __init__(self, pair: Pair, wheelhouse: Path, python: str):
+        self.pair, self.wheelhouse, self.python = pair, wheelhouse, python
+        self.returncode: Optional[int] = None
+        self.output = ""
+        self.seconds = 0.0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        self.wheelhouse.mkdir(parents=True, exist_ok=True)
+        cmd = [self.python, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+               "-d", str(self.wheelhouse), *_requirements(self.pair)]
+        proc = subprocess.run(cmd, env=_pip_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        self.returncode, self.output = proc.returncode, proc.stdout
+        self.seconds = time.monotonic() - t0
+
+    def wait(self) -> None:
+        self.thread.join()
+
+
+@dataclass
+class Result:
+    pair: Pair
+    status: str = "not run"  # "ok", "failed", "install failed", "timeout"
+    versions: Dict[str, str] = field(default_factory=dict)
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    install_seconds: float = 0.0
+    trailing_scratch: Optional[int] = None
+    detail: str = ""
+
+
+def _run(cmd: Sequence[str], *, timeout: float, cwd: Path = ROOT, env=None, log: Path):
+    """Runs ``cmd`` with its output appended to ``log``; returns the exit status or None on
+    timeout (the process group is killed)."""
+    with open(log, "a") as fh:
+        fh.write(f"\n$ {' '.join(map(str, cmd))}\n")
+        fh.flush()
+        proc = subprocess.Popen(list(map(str, cmd)), cwd=cwd, env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            fh.write(f"\n[timed out after {timeout:.0f} s]\n")
+            return None
+
+
+def _junit_counts(path: Path) -> Dict[str, int]:
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    counts = dict(tests=0, failures=0, errors=0, skipped=0)
+    for s in suites:
+        for k in counts:
+            counts[k] += int(s.get(k, 0))
+    return counts
+
+
+def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: float,
+             keep_bundles: Optional[Path]) -> Result:
+    res = Result(pair)
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    log = work / f"torch-{pair.torch}.log"
+    log.write_text(f"{pair.name}\n")
+    venv = work / "venv"
+    shutil.rmtree(venv, ignore_errors=True)
+    prefetch.wait()
+    with open(log, "a") as fh:
+        fh.write(prefetch.output)
+    if prefetch.returncode != 0:
+        res.status, res.detail = "install failed", _last_error(prefetch.output)
+        res.seconds = time.monotonic() - t0
+        return res
+    env = _pip_env()
+    py = venv / "bin" / "python"
+    steps = [
+        [sys.executable, "-m", "venv", str(venv)],
+        [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
+         "--find-links", str(prefetch.wheelhouse), *_requirements(pair)],
+        [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+         str(wheel)],
+    ]
+    for cmd in steps:
+        rc = _run(cmd, timeout=deadline - time.monotonic(), env=env, log=log)
+        if rc != 0:
+            res.status = "timeout" if rc is None else "install failed"
+            res.detail = _last_error(log.read_text())
+            res.seconds = time.monotonic() - t0
+            return res
+    shutil.rmtree(prefetch.wheelhouse, ignore_errors=True)  # installed: the space is needed
+    res.install_seconds = time.monotonic() - t0
+    probe = subprocess.run(
+        [str(py), "-c", "import json, numpy, torch, triton, luminamoon; print(json.dumps({"
+         "'torch': torch.__version__, 'triton': triton.__version__, "
+         "'numpy': numpy.__version__, 'luminamoon': luminamoon.__version__}))"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
+    if probe.returncode != 0:
+        res.status, res.detail = "failed", _last_error(probe.stdout)
+        res.seconds = time.monotonic() - t0
+        return res
+    res.versions = json.loads(probe.stdout.strip().splitlines()[-1])
+    if not res.versions["triton"].startswith(pair.triton + "."):
+        res.status = "failed"
+        res.detail = f"torch {pair.torch} brought Triton {res.versions['triton']}, not {pair.triton}"
+        res.seconds = time.monotonic() - t0
+        return res
+
+    # 1. the suite
+    junit = work / f"torch-{pair.torch}.xml"
+    test_env = dict(env, LUMINAMOON_REQUIRE_NATIVE="1")
+    test_env.pop("TRITON_INTERPRET", None)
+    rc = _run([py, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--rootdir", ROOT,
+               "-c", ROOT / "pyproject.toml", f"--junitxml={junit}", "."],
+              timeout=deadline - time.monotonic(), cwd=ROOT / "tests", env=test_env, log=log)
+    if junit.exists():
+        c = _junit_counts(junit)
+        res.failed, res.errors, res.skipped = c["failures"], c["errors"], c["skipped"]
+        res.passed = c["tests"] - c["failures"] - c["errors"] - c["skipped"]
+    if rc is None:
+        res.status = "timeout"
+    elif rc != 0 or not junit.exists():
+        res.status = "failed"
+        res.detail = _failed_tests(log.read_text()) or _last_error(log.read_text())
+
+    # 2. the command lines on a bundle of this Triton
+    if res.status == "not run":
+        bundle = work / f"bundle-torch-{pair.torch}"
+        shutil.rmtree(bundle, ignore_errors=True)
+        luminav = subprocess.run(
+            [str(py), "-c", "import luminamoon, os; print(os.path.join(os.path.dirname("
+             "luminamoon.__file__), 'bin', 'luminav'))"], env=env, stdout=subprocess.PIPE,
+            text=True, cwd=work).stdout.strip()
+        cli = [
+            [py, "-m", "luminamoon", "aot", "build", "--arch", "90", "--out", bundle,
+             "--dtypes", "fp32:fp32:fp32", "--jobs", "2", "--quiet"],
+            [py, "-m", "luminamoon", "aot", "inspect", bundle],
+            [py, "-m", "luminamoon", "aot", "verify", bundle],
+            [luminav, "verify", bundle],
+        ]
+        if keep_bundles is not None:  # the whole default bundle, for the GPU run
+            cli[0] = [py, "-m", "luminamoon", "aot", "build", "--arch", "80,90", "--out",
+                      bundle, "--jobs", "2", "--quiet"]
+        for cmd in cli:
+            rc = _run(cmd, timeout=deadline - time.monotonic(), env=env, log=log, cwd=work)
+            if rc != 0:
+                res.status = "timeout" if rc is None else "failed"
+                res.detail = f"{Path(str(cmd[0])).name} {' '.join(map(str, cmd[1:4]))}: " \
+                             f"{_last_error(log.read_text())}"
+                res.failed += 1
+                break
+        else:
+            res.passed += 1
+            man = json.loads((bundle / "manifest.json").read_text())
+            res.trailing_scratch = sorted({k["num_trailing_scratch_ptrs"]
+                                           for k in man["kernels"]})[0]
+            if keep_bundles is not None:
+                dest = keep_bundles / f"triton-{res.versions.get('triton', pair.triton)}"
+                shutil.rmtree(dest, ignore_errors=True)
+                shutil.copytree(bundle, dest)
+        shutil.rmtree(bundle, ignore_errors=True)
+    if res.status == "not run":
+        res.status = "ok"
+    shutil.rmtree(venv, ignore_errors=True)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def _last_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.search(r"error|Error|ERROR|No matching|not find|Timed out|timed out", ln):
+            return ln[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def _failed_tests(text: str) -> str:
+    names = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, flags=re.M)
+    return ", ".join(names[:6]) + (f" (+{len(names) - 6} more)" if len(names) > 6 else "")
+
+
+# ------------------------------------------------------------------------------------- output
+def _table(results: List[Result]) -> str:
+    head = ["pair", "torch", "triton", "numpy", "status", "passed", "failed", "skipped",
+            "scratch ptrs", "seconds"]
+    rows = []
+    for r in results:
+        v = r.versions
+        rows.append([r.pair.name, v.get("torch", "-"), v.get("triton", "-"),
+                     v.get("numpy", "-"), r.status, str(r.passed), str(r.failed + r.errors),
+                     str(r.skipped), "-" if r.trailing_scratch is None else str(r.trailing_scratch),
+                     f"{r.seconds:.0f}"])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def _summary_line(results: List[Result]) -> str:
+    ok = sum(r.status == "ok" for r in results)
+    return f"{ok} passed, {len(results) - ok} failed"
+
+
+def write_summary(results: List[Result], out: Path) -> None:
+    data = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {_cpu_name()}",
+        "python": platform.python_version(),
+        "pairs": [dict(torch=r.pair.torch, triton=r.pair.triton, pins=list(r.pair.pins),
+                       status=r.status, versions=r.versions, passed=r.passed,
+                       failed=r.failed + r.errors, skipped=r.skipped,
+                       trailing_scratch=r.trailing_scratch, seconds=round(r.seconds, 1),
+                       install_seconds=round(r.install_seconds, 1), detail=r.detail)
+                  for r in results],
+    }
+    (out / "summary.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "summary.md").write_text(_table(results) + "\n\n" + _summary_line(results) + "\n")
+
+
+def _cpu_name() -> str:
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                return ln.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+README_BEGIN = "<!-- compatibility table: written by scripts/test_matrix.py --readme -->"
+README_END = "<!-- end of compatibility table -->"
+
+
+def readme_section(summary: dict) -> str:
+    lines = [README_BEGIN, "",
+             f"Run of {summary['date']} on {summary['machine']}, Python {summary['python']} "
+             f"(`make test-matrix`; every pair in a fresh virtual environment: the whole "
+             f"pytest suite on CPU, the Triton kernels under the interpreter, DTensor on two "
+             f"gloo ranks, and a bundle this Triton builds through `luminamoon aot build`, "
+             f"`inspect`, `verify` and `luminav verify`):", "",
+             "| torch | Triton | numpy | result | tests passed / failed / skipped | "
+             "trailing scratch pointers |",
+             "|---|---|---|---|---|---|"]
+    for p in summary["pairs"]:
+        v = p["versions"]
+        result = p["status"] if not p["detail"] else f"{p['status']}: {p['detail']}"
+        pins = f" (pinned: {', '.join(p['pins'])})" if p["pins"] else ""
+        scratch = "-" if p["trailing_scratch"] is None else str(p["trailing_scratch"])
+        lines.append(f"| {v.get('torch', p['torch'])} | {v.get('triton', p['triton'])} | "
+                     f"{v.get('numpy', '-')}{pins} | {result} | {p['passed']} / {p['failed']} / "
+                     f"{p['skipped']} | {scratch} |")
+    lines += ["", README_END]
+    return "\n".join(lines)
+
+
+def update_readme(summary_path: Path, readme: Path) -> None:
+    summary = json.loads(summary_path.read_text())
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"{readme} has no compatibility-table markers ({README_BEGIN!r} ... "
+                         f"{README_END!r}); add them where the table belongs")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(head + readme_section(summary) + tail)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--wheel", type=Path, help="the luminamoon wheel to install in every pair")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "matrix",
+                    help="folder for logs and the summary (default build/matrix)")
+    ap.add_argument("--pairs", default="", help="comma-separated torch releases to run "
+                    "(default: all of " + ", ".join(p.torch for p in PAIRS) + ")")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds allowed per pair: install and tests (default 600)")
+    ap.add_argument("--keep-bundles", type=Path, default=None,
+                    help="build each Triton's whole default bundle (sm_80, sm_90) and keep it "
+                    "under this folder as triton-<version>/ (for the GPU run)")
+    ap.add_argument("--readme", type=Path, default=None,
+                    help="only rewrite the README's compatibility table from this summary.json")
+    args = ap.parse_args(argv)
+    if args.readme is not None:
+        update_readme(args.readme, ROOT / "README.md")
+        return 0
+    if args.wheel is None or not args.wheel.is_file():
+        ap.error("--wheel must name the built luminamoon wheel (make test-matrix builds it)")
+    wanted = [p for p in PAIRS if not args.pairs or p.torch in args.pairs.split(",")]
+    if not wanted:
+        ap.error(f"--pairs {args.pairs!r} names none of {[p.torch for p in PAIRS]}")
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    keep = args.keep_bundles.resolve() if args.keep_bundles else None
+    if keep:
+        keep.mkdir(parents=True, exist_ok=True)
+    wheel = args.wheel.resolve()
+    houses = out / "wheelhouse"
+    results: List[Result] = []
+    prefetch = Prefetch(wanted[0], houses / wanted[0].torch, sys.executable)
+    for i, pair in enumerate(wanted):
+        _log(f"{pair.name}: installing")
+        current = prefetch
+        if i + 1 < len(wanted):  # the next pair downloads while this one is tested
+            current.wait()
+            prefetch = Prefetch(wanted[i + 1], houses / wanted[i + 1].torch, sys.executable)
+        res = run_pair(pair, current, wheel, out, args.timeout, keep)
+        _log(f"{pair.name}: {res.status}, {res.passed} passed, {res.failed + res.errors} "
+             f"failed, {res.skipped} skipped in {res.seconds:.0f} s"
+             + (f" ({res.detail})" if res.detail else ""))
+        results.append(res)
+        write_summary(results, out)
+    prefetch.wait()
+    shutil.rmtree(houses, ignore_errors=True)
+    print()
+    print(_table(results))
+    print()
+    print(_summary_line(results))
+    return 0 if all(r.status == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
