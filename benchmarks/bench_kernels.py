@@ -51,7 +51,7 @@ def kernel_times(opt, steps: int, reset_to=None):
 
 def host_parts(opt, steps: int):
     """Mean host microseconds of the plan check and of the whole step (no sync)."""
-    from luminamoon.optimizer.functional import run_launch_groups
+    from luminamoon.optimizer._step import run_launch_groups
 
     plan_t, run_t, total_t = [], [], []
     for _ in range(steps):

@@ -19,7 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
 from luminamoon import LuminaMoon  # noqa: E402
-from luminamoon.optimizer import gpu_backend as gb  # noqa: E402
+from luminamoon.kernels import catalog
+import triton  # noqa: E402
 
 sys.path.insert(0, HERE)
 import bench_step as bs  # noqa: E402
@@ -67,7 +68,7 @@ def main():
     args = ap.parse_args()
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
-    print(f"{name} | torch {torch.__version__} | triton {gb.triton.__version__} | n={args.numel}")
+    print(f"{name} | torch {torch.__version__} | triton {triton.__version__} | n={args.numel}")
     rows = []
     for mix in args.mixes.split(","):
         pdt, sdt = MIXES[mix]
@@ -77,8 +78,8 @@ def main():
             block, warps = map(int, cfg.split("x"))
             for rcfg in args.rblocks.split(","):
                 rblock, rwarps = map(int, rcfg.split("x"))
-                gb.ELEMENTWISE_BLOCK, gb.ELEMENTWISE_WARPS = block, warps
-                gb.REDUCE_RBLOCK, gb.REDUCE_WARPS = rblock, rwarps
+                catalog.ELEMENTWISE_BLOCK, catalog.ELEMENTWISE_WARPS = block, warps
+                catalog.REDUCE_RBLOCK, catalog.REDUCE_WARPS = rblock, rwarps
                 for mode, kw in MODES.items():
                     if mode == "adamw" and rcfg != args.rblocks.split(",")[0]:
                         continue  # no reduce in the single pass
@@ -97,7 +98,7 @@ def main():
         bs.append_csv(args.out, ["date", "device", "torch", "triton", "numel", "mix", "mode",
                                  "block", "warps", "rblock", "rwarps", "us", "TBps"],
                       [[_dt.date.today().isoformat(), name, torch.__version__,
-                        gb.triton.__version__, args.numel, *r] for r in rows])
+                        triton.__version__, args.numel, *r] for r in rows])
 
 
 if __name__ == "__main__":

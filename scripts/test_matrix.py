@@ -45,6 +45,7 @@ class Pair:
     torch: str
     triton: str  # major.minor of the Triton torch's build pins (pip resolves it with torch)
     pins: tuple = ()  # extra requirements of this pair, each with its reason below
+    above_pip_cap: bool = False  # newer than this kind of machine's pip cap (torch <= 2.14.1)
 
     @property
     def name(self) -> str:
@@ -64,27 +65,33 @@ PAIRS: List[Pair] = [
     Pair("2.9.1", "3.5"),
     Pair("2.12.1", "3.7"),
     Pair("2.14.1", "3.8"),
-    Pair("2.15.0", "3.9"),
+    Pair("2.15.0", "3.9", above_pip_cap=True),
 ]
 
 TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "hypothesis")
+# LuminaMoon's own run-time requirement besides torch (its wheel is installed with --no-deps).
+RUNTIME_REQUIREMENTS = ("numpy",)
 
 
 def _log(msg: str) -> None:
     print(f"[matrix {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _pip_env() -> Dict[str, str]:
+def _pip_env(pair: Optional["Pair"] = None, work: Optional[Path] = None) -> Dict[str, str]:
     env = dict(os.environ)
-    # The pip cap of this kind of machine (torch <= 2.14.1, /etc/xdg/pip) would refuse 2.15:
-    # lifted for the matrix's own installs only.
-    env["PIP_CONSTRAINT"] = ""
     env.pop("PYTHONPATH", None)
+    if pair is not None and pair.above_pip_cap and work is not None:
+        # This kind of machine caps pip at torch 2.14.1 (/etc/xdg/pip); for this pair's own
+        # downloads and installs the constraint file is replaced by an empty one.
+        empty = work / "no-constraints.txt"
+        empty.write_text("")
+        env["PIP_CONSTRAINT"] = str(empty)
     return env
 
 
 def _requirements(pair: Pair) -> List[str]:
-    return [f"torch=={pair.torch}", *pair.pins, *TEST_REQUIREMENTS]
+    numpy = [] if any(p.startswith("numpy") for p in pair.pins) else list(RUNTIME_REQUIREMENTS)
+    return [f"torch=={pair.torch}", *pair.pins, *numpy, *TEST_REQUIREMENTS]
 
 
 class Prefetch:
@@ -103,7 +110,8 @@ class Prefetch:
         self.wheelhouse.mkdir(parents=True, exist_ok=True)
         cmd = [self.python, "-m", "pip", "download", "-q", "--disable-pip-version-check",
                "-d", str(self.wheelhouse), *_requirements(self.pair)]
-        proc = subprocess.run(cmd, env=_pip_env(), stdout=subprocess.PIPE,
+        proc = subprocess.run(cmd, env=_pip_env(self.pair, self.wheelhouse.parent),
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
         self.returncode, self.output = proc.returncode, proc.stdout
         self.seconds = time.monotonic() - t0
@@ -170,7 +178,7 @@ def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: f
         res.status, res.detail = "install failed", _last_error(prefetch.output)
         res.seconds = time.monotonic() - t0
         return res
-    env = _pip_env()
+    env = _pip_env(pair, work)
     py = venv / "bin" / "python"
     steps = [
         [sys.executable, "-m", "venv", str(venv)],

@@ -110,6 +110,16 @@ def spawn_ranks(fn, world: int, tmp_dir: str, *args, backend: str = "gloo") -> N
              nprocs=world, join=True)
 
 
+def launch_flags(param_dtype: torch.dtype, state_dtype: torch.dtype, hyper):
+    """The normalised kernel flags (kernels.layout.LaunchFlags) of a group with ``hyper``."""
+    from luminamoon.kernels.layout import LaunchFlags
+
+    return LaunchFlags.normalised(param_dtype, state_dtype,
+                                  stochastic_rounding=hyper.stochastic_rounding,
+                                  bound_mode=hyper.bound_mode, clip=hyper.clip,
+                                  nonfinite=hyper.nonfinite)
+
+
 def dtype_id(dtype: torch.dtype) -> str:
     return DTYPE_IDS.get(dtype, str(dtype))
 

@@ -1,7 +1,7 @@
 """The ahead-of-time builder: Triton API layer, specialisation policy, bundles, CLI. No GPU.
 
 Two kernel sources are exercised: a small private kernel (always) and LuminaMoon's own
-kernels from ``gpu_backend`` (one dtype combination, sm_80 and sm_90) where that module
+kernels from ``luminamoon.kernels.catalog`` (one dtype combination, sm_80 and sm_90) where that module
 provides ``KERNEL_SPECS`` / ``all_variants``.
 """
 from __future__ import annotations
@@ -105,11 +105,9 @@ def build_toy_bundle(out_dir, archs=ARCHS, jobs=1):
 
 def _real_kernels():
     try:
-        gb = importlib.import_module("luminamoon.optimizer.gpu_backend")
+        gb = importlib.import_module("luminamoon.kernels.catalog")
     except ImportError as exc:
-        return None, f"luminamoon.optimizer.gpu_backend cannot be imported: {exc}"
-    if not all(hasattr(gb, a) for a in ("KERNEL_SPECS", "all_variants", "DEFAULT_DTYPE_COMBOS")):
-        return None, "gpu_backend does not provide KERNEL_SPECS / all_variants yet"
+        return None, f"luminamoon.kernels.catalog cannot be imported: {exc}"
     return gb, ""
 
 
@@ -174,7 +172,7 @@ def test_bundle_manifest_fields_present_and_typed(bundle, request):
     assert on_disk == man
     assert on_disk["format"] == "luminamoon-aot-bundle"
     assert on_disk["format_version"] == 2
-    from luminamoon.optimizer.gpu_backend import TABLE_COLS
+    from luminamoon.kernels.layout import TABLE_COLS
     assert on_disk["table_cols"] == TABLE_COLS
     assert on_disk["triton_version"] == triton.__version__
     assert isinstance(on_disk["created_by"], str) and on_disk["created_by"].startswith("luminamoon")
@@ -558,7 +556,7 @@ def test_cli_inspect_prints_an_aligned_table(toy_bundle, capsys):
     out, man = toy_bundle
     assert cli.main(["inspect", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    from luminamoon.optimizer.gpu_backend import TABLE_COLS
+    from luminamoon.kernels.layout import TABLE_COLS
     assert f"v2 ({TABLE_COLS}-column tables)" in lines[0]
     header = lines[1]
     assert header.split() == ["key", "kernel", "arch", "warps", "shared", "trailing", "scratch",

@@ -107,7 +107,7 @@ def test_sparse_gradient_refused_before_any_change():
 
 
 def test_explicit_backend_that_cannot_load(monkeypatch, clean_backend_cache):
-    monkeypatch.setitem(sys.modules, "luminamoon.optimizer.native", None)  # import fails
+    monkeypatch.setitem(sys.modules, "luminamoon.optimizer.backends.native", None)  # import fails
     with pytest.raises(BackendUnavailableError, match=r"backend 'cpu' is unavailable.*build the native module"):
         get_backend("cpu", "cpu")
     p = torch.nn.Parameter(torch.ones(2))
@@ -124,8 +124,8 @@ def test_explicit_backend_that_cannot_load(monkeypatch, clean_backend_cache):
 
 
 def test_explicit_backend_that_cannot_step_a_group():
-    from luminamoon.optimizer._backend import Backend
-    from luminamoon.optimizer.reference import ReferenceBackend
+    from luminamoon.optimizer.backends.base import Backend
+    from luminamoon.optimizer.backends.reference import ReferenceBackend
 
     class Fp32Only(ReferenceBackend):
         name = "fp32-only"

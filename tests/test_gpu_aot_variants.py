@@ -23,7 +23,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from conftest import assert_bitwise_equal, bits, requires_triton
+from conftest import launch_flags, assert_bitwise_equal, bits, requires_triton
 
 pytestmark = [pytest.mark.gpu, pytest.mark.native, requires_triton]
 
@@ -35,11 +35,11 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
 _luminav = pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
 
 from luminamoon.optimizer import LuminaMoon  # noqa: E402
-from luminamoon.optimizer import gpu_backend as gb  # noqa: E402
-from luminamoon.optimizer._plan import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES  # noqa: E402
+from luminamoon.kernels import catalog  # noqa: E402
+from luminamoon.optimizer._groups import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES  # noqa: E402
 from luminamoon.optimizer._validation import make_hyper  # noqa: E402
 
-COMBOS = list(gb.DEFAULT_DTYPE_COMBOS)
+COMBOS = list(catalog.DEFAULT_DTYPE_COMBOS)
 SHAPES = ((1,), (3001,), (64, 65))
 STEPS = 3
 NAN_STEP = 1  # skip configurations: the second step's gradient holds a NaN
@@ -79,13 +79,14 @@ class Config:
                     maximize=self.bound_mode == "abs", nonfinite=self.nonfinite,
                     stochastic_rounding=self.stochastic_rounding, state_dtype=self.state_dtype)
 
-    def expected_variants(self) -> Dict[str, gb.Variant]:
+    def expected_variants(self) -> Dict[str, catalog.Variant]:
         """The variants a launch group of this configuration runs (as the optimizer plans it)."""
         opts = self.options()
         group = {k: opts[k] for k in ("lr", "betas", "eps", "weight_decay", "clip", "bound_mode",
                                       "bound", "maximize", "nonfinite", "stochastic_rounding")}
-        return gb.variants_for(self.param_dtype, self.grad_dtype, self.state_dtype,
-                               make_hyper(group))
+        return catalog.variants_for(self.param_dtype, self.grad_dtype, self.state_dtype,
+                                    launch_flags(self.param_dtype, self.state_dtype,
+                                                 make_hyper(group)))
 
     def engine_keys(self) -> Dict[str, str]:
         """The variant keys the C++ engine (the aot backend) launches for this configuration."""
@@ -95,7 +96,7 @@ class Config:
             NONFINITE_POLICIES.index(self.nonfinite), self.stochastic_rounding))
 
 
-def config_for(v: gb.Variant) -> Config:
+def config_for(v: catalog.Variant) -> Config:
     """The configuration that launches update variant ``v``, read from its constexprs."""
     assert v.kernel in ("pass2", "single_pass"), v.key()
     cx = v.constexpr_dict()
@@ -110,7 +111,7 @@ def config_for(v: gb.Variant) -> Config:
                   clip=1.0 if use_clip else 0.0, nonfinite="skip" if check else "propagate")
 
 
-ALL_VARIANTS = gb.all_variants(COMBOS)
+ALL_VARIANTS = catalog.all_variants(COMBOS)
 CONFIGS: List[Config] = [config_for(v) for v in ALL_VARIANTS
                          if v.kernel in ("pass2", "single_pass")]
 

@@ -81,7 +81,7 @@ def _arch() -> int:
 def _holds_variants(bundle: str, combos, arch: int) -> bool:
     """Whether ``bundle`` has a cubin runnable on ``arch`` for every variant of ``combos``."""
     from luminamoon.aot.manifest import BundleError, find_kernel, read_manifest
-    from luminamoon.optimizer.gpu_backend import all_variants
+    from luminamoon.kernels.catalog import all_variants
 
     try:
         manifest = read_manifest(bundle)

@@ -17,8 +17,8 @@ import torch
 
 from conftest import ODD_SHAPES, bits, requires_triton
 
-from luminamoon.optimizer._plan import Hyper, LaunchGroup
-from luminamoon.optimizer.reference import ReferenceBackend
+from luminamoon.optimizer._groups import Hyper, LaunchGroup
+from luminamoon.optimizer.backends.reference import ReferenceBackend
 
 # ------------------------------------------------------------------------------------------
 # Shared: cases, groups, steps, comparisons
@@ -287,7 +287,7 @@ GPU_CASES = [
 
 
 def _backend():
-    from luminamoon.optimizer.gpu_backend import TritonBackend
+    from luminamoon.optimizer.backends.triton import TritonBackend
 
     return TritonBackend()
 
@@ -387,11 +387,12 @@ def test_jit_and_ahead_of_time_compile_to_the_same_code():
     import triton
 
     from luminamoon.aot import builder, compat
-    from luminamoon.optimizer import gpu_backend as gb
+    from luminamoon.kernels import launch, rounding
+    from luminamoon.optimizer.backends.triton import TritonBackend
 
     case = Case(BF16, BF16, F32, clip=1.0, bound_mode=2, nonfinite="skip", shapes=GPU_SHAPES[:4])
     group = make_group(case, "cuda")
-    run_step(gb.TritonBackend(), group)
+    run_step(TritonBackend(), group)
     st = group.cache["triton"]
     major, minor = torch.cuda.get_device_capability()
     for name, launcher in st.launchers.items():
@@ -407,21 +408,22 @@ def test_jit_and_ahead_of_time_compile_to_the_same_code():
 
 
 def test_direct_launch_and_jit_launch_agree_bitwise(monkeypatch):
-    from luminamoon.optimizer import gpu_backend as gb
+    from luminamoon.kernels import launch, rounding
+    from luminamoon.optimizer.backends.triton import TritonBackend
 
     case = Case(BF16, BF16, BF16, clip=1.0, bound_mode=2, nonfinite="skip", shapes=GPU_SHAPES)
     results = []
     for direct in (True, False):
-        monkeypatch.setattr(gb, "_DIRECT_LAUNCH", direct and gb._direct_launch_supported())
-        monkeypatch.setattr(gb, "_LAUNCHERS", {})
+        monkeypatch.setattr(launch, "_DIRECT_LAUNCH", direct and launch._direct_launch_supported())
+        monkeypatch.setattr(launch, "_LAUNCHERS", {})
         group = make_group(case, "cuda")
-        backend = gb.TritonBackend()
+        backend = TritonBackend()
         for s in range(3):
             if s:
                 group.grads = new_grads(group, 60 + s)
             run_step(backend, group)
         launchers = group.cache["triton"].launchers.values()
-        if direct and gb._direct_launch_supported():
+        if direct and launch._direct_launch_supported():
             assert all(launcher.direct for launcher in launchers)
         if not direct:
             assert not any(launcher.direct for launcher in launchers)
@@ -436,9 +438,10 @@ def test_optimizer_commit_last_equals_commit_and_torch_ops(monkeypatch):
     flag, flag = 0); the same steps with that kernel refused (two torch ops after the commit
     instead) give the same bits, the same counts, and a clear flag after every step."""
     from luminamoon import LuminaMoon
-    from luminamoon.optimizer import gpu_backend as gb
+    from luminamoon.kernels import launch, rounding
+    from luminamoon.optimizer.backends.triton import TritonBackend
 
-    real = gb.TritonBackend.commit_last
+    real = TritonBackend.commit_last
     runs = []
     for use_kernel in (True, False):
         used = []
@@ -447,7 +450,7 @@ def test_optimizer_commit_last_equals_commit_and_torch_ops(monkeypatch):
             used.append(real(self, group, found_inf, skipped) if _use else False)
             return used[-1]
 
-        monkeypatch.setattr(gb.TritonBackend, "commit_last", commit_last)
+        monkeypatch.setattr(TritonBackend, "commit_last", commit_last)
         gen = torch.Generator(device="cuda").manual_seed(8)
         params = [torch.nn.Parameter(torch.randn(s, device="cuda", generator=gen))
                   for s in ((4099,), (33, 65), (1,))]
@@ -506,13 +509,14 @@ def test_compiled_bf16_round_to_nearest_is_torchs_rounding_bitwise():
     import triton
     import triton.language as tl
 
-    from luminamoon.optimizer import gpu_backend as gb
+    from luminamoon.kernels import launch, rounding
+    from luminamoon.optimizer.backends.triton import TritonBackend
 
     @triton.jit
     def _rne_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-        tl.store(y_ptr + offs, gb._to_bf16(x, 0, 0), mask=offs < n)
+        tl.store(y_ptr + offs, rounding._to_bf16(x, 0, 0), mask=offs < n)
 
     gen = torch.Generator().manual_seed(5)
     random_bits = torch.randint(-2 ** 31, 2 ** 31, (1 << 22,), generator=gen, dtype=torch.int64)

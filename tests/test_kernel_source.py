@@ -23,7 +23,8 @@ from conftest import requires_triton, triton_available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "python", "luminamoon")
-GPU_BACKEND = os.path.join(PACKAGE, "optimizer", "gpu_backend.py")
+KERNELS_SRC = os.path.join(PACKAGE, "kernels", "tdclm.py")  # every @triton.jit kernel
+CATALOG_SRC = os.path.join(PACKAGE, "kernels", "catalog.py")  # KERNEL_SPECS
 
 
 # ------------------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ def package_modules() -> List[str]:
 
 
 def test_the_walk_sees_the_kernels():
-    names = {fn.name for fn in jit_functions(open(GPU_BACKEND).read(), GPU_BACKEND)}
+    names = {fn.name for fn in jit_functions(open(KERNELS_SRC).read(), KERNELS_SRC)}
     for kernel in ("_lumina_tdclm_pass1_kernel", "_lumina_tdclm_reduce_kernel",
                    "_lumina_tdclm_pass2_kernel", "_lumina_adamw_single_pass_kernel",
                    "_lumina_tdclm_commit_kernel", "_moment_update", "_triton_tanh_fast"):
@@ -122,14 +123,14 @@ def test_no_torch_symbol_inside_triton_jit(path):
 # 2. integer scalars: typed, never specialised
 # ------------------------------------------------------------------------------------------
 def _kernel_defs() -> Dict[str, ast.FunctionDef]:
-    return {fn.name: fn for fn in jit_functions(open(GPU_BACKEND).read(), GPU_BACKEND)}
+    return {fn.name: fn for fn in jit_functions(open(KERNELS_SRC).read(), KERNELS_SRC)}
 
 
 def _spec_args_from_source() -> Dict[str, List[Tuple[str, str]]]:
     """kernel function name -> [(arg, type word)] from the KERNEL_SPECS and
     JIT_ONLY_KERNEL_SPECS literals, read by AST so the check needs neither triton nor an
     import."""
-    tree = ast.parse(open(GPU_BACKEND).read())
+    tree = ast.parse(open(CATALOG_SRC).read())
     consts: Dict[str, ast.expr] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
@@ -139,7 +140,8 @@ def _spec_args_from_source() -> Dict[str, List[Tuple[str, str]]]:
             consts[node.target.id] = node.value
     out = {}
     for call in consts["KERNEL_SPECS"].values + consts["JIT_ONLY_KERNEL_SPECS"].values:
-        fn_name = call.args[1].id
+        fn_node = call.args[1]  # tdclm.<kernel>
+        fn_name = fn_node.attr if isinstance(fn_node, ast.Attribute) else fn_node.id
         args_node = call.args[2]
         if isinstance(args_node, ast.Name):
             args_node = consts[args_node.id]
@@ -186,14 +188,14 @@ def _compiler_or_skip():
     if isinstance(random_mod.philox, InterpretedFunction):
         pytest.skip("TRITON_INTERPRET=1 is active in this process: nothing can be compiled")
     from luminamoon.aot import builder, compat
-    from luminamoon.optimizer import gpu_backend as gb
-    return builder, compat, gb
+    from luminamoon.kernels import catalog
+    return builder, compat, catalog
 
 
 # Elements per thread of the passes: BLOCK / (32 * num_warps). Every tensor of a kernel whose
 # element tensors are all 32-bit or all 16-bit is accessed in 16-byte vectors; where 32-bit and
 # 16-bit tensors mix, the kernel keeps one layout of 4 elements per access: 16 bytes of 32-bit
-# data, 8 bytes of 16-bit data (gpu_backend._block_offsets).
+# data, 8 bytes of 16-bit data (kernels/tdclm.py, _block_offsets).
 _SIZE = {0: 4, 1: 2, 2: 2}
 
 
@@ -232,8 +234,8 @@ VECTOR_KEYS = [
 @pytest.mark.triton
 @pytest.mark.parametrize("prefix", VECTOR_KEYS)
 def test_element_accesses_are_wide_vectors(prefix):
-    builder, compat, gb = _compiler_or_skip()
-    variant = next((v for v in gb.all_variants() if v.key().startswith(prefix + ".")), None)
+    builder, compat, catalog = _compiler_or_skip()
+    variant = next((v for v in catalog.all_variants() if v.key().startswith(prefix + ".")), None)
     assert variant is not None, f"no variant {prefix}.*"
     plan = builder.plan_kernel(variant.spec)
     src = compat.make_ast_source(plan.fn, plan.source_spec(variant.constexpr_dict()),

@@ -13,8 +13,8 @@ _luminav = pytest.importorskip("luminamoon._luminav", reason="the native module 
 
 from luminamoon.optimizer import LuminaMoon  # noqa: E402
 from luminamoon.optimizer import rng  # noqa: E402
-from luminamoon.optimizer._plan import DTYPE_CODES, Hyper, LaunchGroup  # noqa: E402
-from luminamoon.optimizer.native import CpuBackend  # noqa: E402
+from luminamoon.optimizer._groups import DTYPE_CODES, Hyper, LaunchGroup  # noqa: E402
+from luminamoon.optimizer.backends.native import CpuBackend  # noqa: E402
 
 pytestmark = pytest.mark.native
 
@@ -199,19 +199,6 @@ def test_checkpoint_resume_is_bitwise():
         opt2.step()
     for a, b in zip(full, resumed):
         assert torch.equal(a, b.detach())
-
-
-def test_variant_keys_equal_the_triton_backends():
-    gpu_backend = pytest.importorskip("luminamoon.optimizer.gpu_backend")
-    for (p, s), clip, bound_mode, nonfinite, sr in itertools.product(
-            COMBOS, (0.0, 1.0), (0, 1, 2), ("skip", "raise", "propagate"), (False, True)):
-        hyper = Hyper(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, clip=clip,
-                      bound_mode=bound_mode, bound=1.0, maximize=False, nonfinite=nonfinite,
-                      stochastic_rounding=sr)
-        theirs = {k: v.key() for k, v in gpu_backend.variants_for(p, p, s, hyper).items()}
-        ours = _luminav.variant_keys(DTYPE_CODES[p], DTYPE_CODES[p], DTYPE_CODES[s], clip,
-                                     bound_mode, ("skip", "raise", "propagate").index(nonfinite), sr)
-        assert ours == theirs
 
 
 def test_bad_input_is_refused_with_the_value():

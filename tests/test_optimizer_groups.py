@@ -228,7 +228,8 @@ def test_import_does_nothing_but_define():
         "import sys, torch\n"
         "import luminamoon\n"
         "loaded = [m for m in ('triton', 'luminamoon._luminav', 'luminamoon.optimizer.gpu_backend',"
-        " 'luminamoon.optimizer.native') if m in sys.modules]\n"
+        " 'luminamoon.optimizer.backends.native', 'luminamoon.optimizer.backends.triton',"
+        " 'luminamoon.kernels.tdclm', 'luminamoon.kernels.catalog') if m in sys.modules]\n"
         "print(loaded, torch.cuda.is_initialized())\n"
     )
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
@@ -327,7 +328,7 @@ def test_lr_scheduler_sees_the_step():
 # the skip flag between steps
 # ------------------------------------------------------------------------------------------
 def test_a_step_failing_part_way_does_not_skip_the_next():
-    from luminamoon.optimizer.reference import ReferenceBackend
+    from luminamoon.optimizer.backends.reference import ReferenceBackend
 
     class FailsOnce(ReferenceBackend):
         failed = False

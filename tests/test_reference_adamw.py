@@ -201,7 +201,7 @@ def _bits_nan_canonical(t: torch.Tensor) -> np.ndarray:
 
 
 def test_sqrt_rn_is_the_correctly_rounded_root():
-    from luminamoon.optimizer.reference import sqrt_rn
+    from luminamoon.optimizer.backends.reference import sqrt_rn
 
     x = _sqrt_cases()
     assert np.array_equal(_bits_nan_canonical(sqrt_rn(x)), _ieee_sqrt_bits(x))
@@ -210,7 +210,7 @@ def test_sqrt_rn_is_the_correctly_rounded_root():
 @pytest.mark.parametrize("ulps", [-2, -1, 1, 2])
 def test_sqrt_rn_corrects_a_guess_off_by_ulps(monkeypatch, ulps):
     """Whatever torch's sqrt returns within two ulps, the corrected root is the IEEE one."""
-    from luminamoon.optimizer import reference
+    from luminamoon.optimizer.backends import reference
 
     x = _sqrt_cases()
 

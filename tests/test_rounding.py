@@ -13,9 +13,9 @@ import torch
 from conftest import assert_bitwise_equal, bits, requires_triton
 from luminamoon import LuminaMoon, tdclm
 from luminamoon.optimizer import rng
-from luminamoon.optimizer._plan import LaunchGroup
+from luminamoon.optimizer._groups import LaunchGroup
 from luminamoon.optimizer._validation import make_hyper
-from luminamoon.optimizer.reference import ReferenceBackend
+from luminamoon.optimizer.backends.reference import ReferenceBackend
 
 M32 = 0xFFFFFFFF
 

@@ -34,7 +34,7 @@ import subprocess  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import bits, requires_triton, triton_available  # noqa: E402
+from conftest import bits, launch_flags, requires_triton, triton_available  # noqa: E402
 from test_gpu_triton import (BF16, F16, F32, Case, assert_groups_close,  # noqa: E402
                              assert_unchanged, clone_group, compare_with_reference, copy_state,
                              make_group, new_grads, run_step, snapshot)
@@ -57,9 +57,11 @@ if IN_PROCESS:
     import triton
     import triton.language as tl
 
-    from luminamoon.optimizer import gpu_backend as gb
+    from luminamoon.kernels import catalog, launch, layout, rounding, tdclm
+    from luminamoon.optimizer.backends.triton import TritonBackend
+    from luminamoon.optimizer.backends._tables import signed64
     from luminamoon.optimizer import rng
-    from luminamoon.optimizer.reference import ReferenceBackend, _bias_correction
+    from luminamoon.optimizer.backends.reference import ReferenceBackend, _bias_correction
 
 pytestmark = [pytest.mark.triton, requires_triton]
 in_process = pytest.mark.skipif(not IN_PROCESS, reason=_CHILD_REASON)
@@ -116,7 +118,7 @@ CASES = [
 @in_process
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_step_matches_reference(case):
-    compare_with_reference(gb.TritonBackend(), case, "cpu")
+    compare_with_reference(TritonBackend(), case, "cpu")
 
 
 # ------------------------------------------------------------------------------------------
@@ -130,7 +132,7 @@ def test_skip_leaves_everything_bitwise_unchanged(clip, value):
     case = Case(BF16, BF16, BF16, clip=clip, bound_mode=2, nonfinite="skip",
                 shapes=((131,), (7,), (3, 5, 7)))
     group = make_group(case, "cpu")
-    backend = gb.TritonBackend()
+    backend = TritonBackend()
     run_step(backend, group)  # a normal step first: the cache exists and is reused
     group.grads = new_grads(group, 9, nonfinite_at=(2, 17), value=value)
     before = snapshot(group)
@@ -155,14 +157,21 @@ def test_optimizer_counts_a_skip_and_clears_its_flag_in_the_last_commit(monkeypa
     once, the flag is clear after every step, and every step matches the reference backend's."""
     from luminamoon import LuminaMoon
 
-    finished = []
-    real = gb.TritonBackend.commit_last
+    from luminamoon.optimizer.backends.base import Backend
+
+    finished, fallbacks = [], []
+    real, base = TritonBackend.commit_last, Backend.commit_last
 
     def spy(self, group, found_inf, skipped):
-        finished.append(real(self, group, found_inf, skipped))
-        return finished[-1]
+        finished.append(True)
+        return real(self, group, found_inf, skipped)
 
-    monkeypatch.setattr(gb.TritonBackend, "commit_last", spy)
+    def spy_base(self, group, found_inf, skipped):  # the commit and two torch ops
+        fallbacks.append(type(self).__name__)
+        return base(self, group, found_inf, skipped)
+
+    monkeypatch.setattr(TritonBackend, "commit_last", spy)
+    monkeypatch.setattr(Backend, "commit_last", spy_base)
     shapes = ((131,), (7,), (3, 5, 7))
 
     def make():
@@ -192,6 +201,7 @@ def test_optimizer_counts_a_skip_and_clears_its_flag_in_the_last_commit(monkeypa
     assert int(opt_t.skipped_steps) == int(opt_r.skipped_steps) == 1
     assert [int(opt_t.state[p]["step"]) for p in ps_t] == [3, 3, 3]
     assert finished == [True] * 4
+    assert "TritonBackend" not in fallbacks  # its own one-kernel commit_last every step
 
 
 @in_process
@@ -208,16 +218,18 @@ def test_direct_launches_hand_over_the_current_addresses(monkeypatch):
             calls.append(a)
 
     def direct_launcher(variant, device):  # as after a first, compiling launch
-        launcher = gb._Launcher(variant, device)
+        launcher = launch._Launcher(variant, device)
         launcher.direct, launcher.compiled_kernel = True, FakeCompiled()
         launcher._get_stream = launcher._get_device = lambda *a: 0
         return launcher
 
-    monkeypatch.setattr(gb, "_launcher", direct_launcher)
-    monkeypatch.setattr(gb, "_launch_hooks_set", lambda: False)
+    from luminamoon.optimizer.backends import triton as triton_backend
+
+    monkeypatch.setattr(triton_backend, "launcher", direct_launcher)
+    monkeypatch.setattr(launch, "_launch_hooks_set", lambda: False)
     case = Case(F32, F32, F32, clip=1.0, nonfinite="skip", shapes=((131,), (7,)))
     group = make_group(case, "cpu")
-    backend = gb.TritonBackend()
+    backend = TritonBackend()
     flag = torch.zeros((), dtype=torch.int32)
     for step, lr in enumerate((torch.tensor(1e-2), torch.tensor(2e-2))):
         group.lr = lr
@@ -244,7 +256,7 @@ def test_propagate_carries_nan_like_the_reference():
     group = make_group(case, "cpu")
     group.grads = new_grads(group, 4, nonfinite_at=(0, 5))
     ref = clone_group(group)
-    run_step(gb.TritonBackend(), group)
+    run_step(TritonBackend(), group)
     run_step(ReferenceBackend(), ref)
     assert bool(torch.isnan(group.params[0]).any())
     assert_groups_close(group, ref, "propagate")
@@ -261,15 +273,15 @@ if IN_PROCESS:
     @triton.jit
     def _words_kernel(out, key_out, tko, seed, n, STREAM: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
-        key = gb._seed_tk(seed, tl.load(tko), tl.load(tko + 1))
+        key = rounding._seed_tk(seed, tl.load(tko), tl.load(tko + 1))
         idx = tl.load(tko + 2) + offs
-        w = gb._random_word(key, idx, STREAM)
+        w = rounding._random_word(key, idx, STREAM)
         tl.store(out + offs, w.to(tl.int64), mask=offs < n)
         tl.store(key_out, key.to(tl.int64, bitcast=True))
 
     @triton.jit
     def _bc_kernel(out, beta1, beta2, t_ptr):
-        bc1, bc2 = gb._bias_corrections(tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32),
+        bc1, bc2 = tdclm._bias_corrections(tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32),
                                         tl.load(t_ptr))
         tl.store(out, bc1)
         tl.store(out + 1, bc2)
@@ -278,14 +290,14 @@ if IN_PROCESS:
     def _tanh_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-        tl.store(y_ptr + offs, gb._triton_tanh_fast(x), mask=offs < n)
+        tl.store(y_ptr + offs, tdclm._triton_tanh_fast(x), mask=offs < n)
 
     @triton.jit
     def _bf16_kernel(x_ptr, w_ptr, y_ptr, n, SR: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
         w = tl.load(w_ptr + offs, mask=offs < n, other=0).to(tl.uint32)
-        tl.store(y_ptr + offs, gb._to_bf16(x, w, SR), mask=offs < n)
+        tl.store(y_ptr + offs, rounding._to_bf16(x, w, SR), mask=offs < n)
 
 
 SEEDS = [0, 1, 2 ** 31 + 5, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, 0x9E3779B97F4A7C15]
@@ -300,7 +312,7 @@ def test_random_words_equal_reference_rng(seed, stream):
         out = torch.empty(n, dtype=torch.int64)
         key = torch.empty(1, dtype=torch.int64)
         tko = torch.tensor([t, k, offset], dtype=torch.int64)
-        _words_kernel[(1,)](out, key, tko, gb._i64(seed), n, STREAM=stream, BLOCK=512)
+        _words_kernel[(1,)](out, key, tko, signed64(seed), n, STREAM=stream, BLOCK=512)
         index = torch.arange(n, dtype=torch.int64) + offset
         expected = rng.random_words(seed, t, k, index, stream)
         assert int(key) & 0xFFFFFFFFFFFFFFFF == rng.rounding_seed(seed, t, k)
@@ -360,7 +372,7 @@ def test_cache_is_reused_and_follows_new_grad_tensors():
     case = Case(F32, F32, F32, clip=1.0, nonfinite="skip", shapes=((131,), (7,), (40,)))
     group = make_group(case, "cpu")
     ref = clone_group(group)
-    backend = gb.TritonBackend()
+    backend = TritonBackend()
     run_step(backend, group)
     run_step(ReferenceBackend(), ref)
     st = group.cache["triton"]
@@ -372,7 +384,7 @@ def test_cache_is_reused_and_follows_new_grad_tensors():
         run_step(backend, group)
         run_step(ReferenceBackend(), ref)
         assert group.cache["triton"] is st
-        assert st.table[:, gb.COL_GRAD].tolist() == [g.data_ptr() for g in group.grads]
+        assert st.table[:, layout.COL_GRAD].tolist() == [g.data_ptr() for g in group.grads]
         assert_groups_close(group, ref, f"new grads, step {s}")
 
 
@@ -385,8 +397,8 @@ def test_step_constant_cache_follows_the_step_counters(sr):
     case = Case(BF16, BF16, BF16, clip=1.0, nonfinite="skip", sr=sr,
                 shapes=((2500,), (7,), (1030,)))
     group = make_group(case, "cpu")
-    backend = gb.TritonBackend()
-    cache = gb.COL_CACHE
+    backend = TritonBackend()
+    cache = layout.COL_CACHE
     plan = [("step", None), ("step", None), ("counter", 1_000_000), ("step", None),
             ("skip", None), ("step", None), ("counter", 6), ("step", None)]
     for s, (what, value) in enumerate(plan):
@@ -413,7 +425,7 @@ def test_step_constant_cache_follows_the_step_counters(sr):
 def test_new_param_tensors_rebuild_the_tables():
     case = Case(F32, F32, F32, shapes=((131,), (7,)))
     group = make_group(case, "cpu")
-    backend = gb.TritonBackend()
+    backend = TritonBackend()
     run_step(backend, group)
     st = group.cache["triton"]
     group.params = [p.clone() for p in group.params]
@@ -430,7 +442,7 @@ def test_float_lr_changes_are_applied():
     case = Case(F32, F32, F32, shapes=((131,),))
     group = make_group(case, "cpu")
     ref = clone_group(group)
-    backend = gb.TritonBackend()
+    backend = TritonBackend()
     for s, lr in enumerate([1e-2, 1e-2, 3e-3, 0.0]):
         group.lr = ref.lr = lr
         if s:
@@ -447,7 +459,7 @@ def _refused(group, match):
     before = snapshot(group)
     grads_before = [g.clone() for g in group.grads]
     with pytest.raises(ValueError, match=match):
-        run_step(gb.TritonBackend(), group)
+        run_step(TritonBackend(), group)
     assert_unchanged(group, before, "refused step")
     for a, b in zip(group.grads, grads_before):
         assert torch.equal(bits(a), bits(b))
@@ -467,8 +479,8 @@ def test_refuses_misaligned_tensor_and_changes_nothing():
 def test_refuses_misaligned_new_grad():
     case = Case(F32, F32, F32, shapes=((131,), (7,)))
     group = make_group(case, "cpu")
-    run_step(gb.TritonBackend(), group)  # a cached state exists, then a bad grad arrives
-    backend = gb.TritonBackend()
+    run_step(TritonBackend(), group)  # a cached state exists, then a bad grad arrives
+    backend = TritonBackend()
     buf = torch.zeros(9)
     group.grads[1] = buf[2:]
     before = snapshot(group)
@@ -483,7 +495,7 @@ def test_refuses_a_bad_new_grad_by_name(what):
     """New gradient tensors are checked all at once; one that does not fit is named."""
     case = Case(F32, F32, F32, shapes=((131,), (6, 7), (5,)))
     group = make_group(case, "cpu")
-    backend = gb.TritonBackend()
+    backend = TritonBackend()
     run_step(backend, group)
     grads = [g.clone() for g in group.grads]
     if what == "noncontiguous":
@@ -531,53 +543,53 @@ def test_refuses_bad_groups(what):
 @in_process
 def test_variants_for_follows_the_launch_plan():
     h = Case(BF16, BF16, F32, clip=1.0, bound_mode=2, nonfinite="skip").hyper()
-    v = gb.variants_for(BF16, BF16, F32, h)
+    v = catalog.variants_for(BF16, BF16, F32, launch_flags(BF16, F32, h))
     assert sorted(v) == ["commit", "pass1", "pass2", "reduce"]
-    assert v["pass2"].key() == (f"pass2.p1g1s0.sr1.b2.c1.f1.B{gb.ELEMENTWISE_BLOCK}"
-                                f".w{gb.ELEMENTWISE_WARPS}")
+    assert v["pass2"].key() == (f"pass2.p1g1s0.sr1.b2.c1.f1.B{catalog.ELEMENTWISE_BLOCK}"
+                                f".w{catalog.ELEMENTWISE_WARPS}")
     assert v["pass1"].key().startswith("pass1.g1s0.sr1.n1.B")
     assert v["reduce"].constexpr_dict()["BLOCK"] == v["pass1"].constexpr_dict()["BLOCK"]
     # AdamW-equivalent: one single-pass kernel and the commit
     h0 = Case(F32, F32, F32, nonfinite="propagate").hyper()
-    v0 = gb.variants_for(F32, F32, F32, h0)
+    v0 = catalog.variants_for(F32, F32, F32, launch_flags(F32, F32, h0))
     assert sorted(v0) == ["commit", "single_pass"]
-    assert v0["single_pass"].key() == (f"single_pass.p0g0s0.sr0.b0.B{gb.ELEMENTWISE_BLOCK}"
-                                       f".w{gb.ELEMENTWISE_WARPS}")
+    assert v0["single_pass"].key() == (f"single_pass.p0g0s0.sr0.b0.B{catalog.ELEMENTWISE_BLOCK}"
+                                       f".w{catalog.ELEMENTWISE_WARPS}")
     # clip 0 + skip: pass 1 reads only grads (NEED_SUM 0), pass 2 checks the flag
     hs = Case(F16, F16, F32, nonfinite="skip").hyper()
-    vs = gb.variants_for(F16, F16, F32, hs)
+    vs = catalog.variants_for(F16, F16, F32, launch_flags(F16, F32, hs))
     assert vs["pass1"].constexpr_dict()["NEED_SUM"] == 0
     assert vs["pass2"].constexpr_dict()["USE_CLIP"] == 0
     assert vs["pass2"].constexpr_dict()["CHECK_FLAG"] == 1
     assert vs["pass2"].constexpr_dict()["SR"] == 0  # no bf16 anywhere: SR normalised to 0
     for variant in list(v.values()) + list(v0.values()):
-        assert tuple(n for n, _ in variant.constexprs) == gb.KERNEL_SPECS[variant.kernel].constexprs
+        assert tuple(n for n, _ in variant.constexprs) == catalog.KERNEL_SPECS[variant.kernel].constexprs
 
 
 @in_process
 def test_all_variants_are_unique_and_cover_every_group():
-    variants = gb.all_variants()
+    variants = catalog.all_variants()
     keys = [v.key() for v in variants]
     assert len(keys) == len(set(keys))
     assert keys == sorted(keys)
-    assert {v.kernel for v in variants} == set(gb.KERNEL_SPECS)
-    for p, g, s in gb.DEFAULT_DTYPE_COMBOS:
+    assert {v.kernel for v in variants} == set(catalog.KERNEL_SPECS)
+    for p, g, s in catalog.DEFAULT_DTYPE_COMBOS:
         for clip in (0.0, 3.0):
             for bound_mode in (0, 1, 2):
                 for nonfinite in ("skip", "raise", "propagate"):
                     for sr in (False, True):
                         h = Case(p, g, s, clip=clip, bound_mode=bound_mode, nonfinite=nonfinite,
                                  sr=sr).hyper()
-                        for v in gb.variants_for(p, g, s, h).values():
+                        for v in catalog.variants_for(p, g, s, launch_flags(p, s, h)).values():
                             assert v.key() in keys
     with pytest.raises(ValueError, match="float16 is not supported"):
-        gb.variants_for(F32, F32, F16, Case(F32, F32, F32).hyper())
+        catalog.variants_for(F32, F32, F16, launch_flags(F32, F16, Case(F32, F32, F32).hyper()))
 
 
 @in_process
 def test_kernel_specs_match_the_kernel_signatures():
     import inspect
 
-    for name, spec in {**gb.KERNEL_SPECS, **gb.JIT_ONLY_KERNEL_SPECS}.items():
+    for name, spec in {**catalog.KERNEL_SPECS, **catalog.JIT_ONLY_KERNEL_SPECS}.items():
         params = list(inspect.signature(spec.fn.fn).parameters)
         assert params == [a for a, _ in spec.args] + list(spec.constexprs), name

@@ -221,7 +221,7 @@ def _created_by() -> str:
 
 
 def _table_cols() -> int:
-    from ..optimizer.gpu_backend import TABLE_COLS
+    from ..kernels.layout import TABLE_COLS
 
     return int(TABLE_COLS)
 
@@ -241,11 +241,11 @@ def _check_archs(archs: Iterable[Any]) -> Tuple[int, ...]:
 
 def _default_kernels() -> Any:
     try:
-        from ..optimizer import gpu_backend
+        from ..kernels import catalog
     except ImportError as exc:
         raise BuildError(f"the Triton kernels cannot be imported ({exc}); install Triton "
                          "(pip install 'triton>=3.0')") from exc
-    return gpu_backend
+    return catalog
 
 
 def _fn_ref(fn: Any) -> Optional[Tuple[str, str]]:
@@ -285,9 +285,9 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
                  ) -> Dict[str, Any]:
     """Compiles every variant for every arch into a bundle at ``out_dir``; returns the manifest.
 
-    ``variants`` defaults to ``gpu_backend.all_variants(dtype_combos)`` (every default dtype
+    ``variants`` defaults to ``kernels.catalog.all_variants(dtype_combos)`` (every default dtype
     combination when ``dtype_combos`` is None); ``specs`` (kernel name -> ``KernelSpec``)
-    defaults to ``gpu_backend.KERNEL_SPECS``. ``jobs`` > 1 compiles in that many worker
+    defaults to ``kernels.catalog.KERNEL_SPECS``. ``jobs`` > 1 compiles in that many worker
     processes, each a fresh interpreter (:func:`_start_method`); kernels a worker cannot
     import by name are compiled here, one after the other.
     """

@@ -1,4 +1,5 @@
-"""Checks of hyperparameters and tensors; each failure names the value and the fix."""
+"""optimizer/_validation.py: checks of hyperparameters and tensors; each failure names the
+value and the fix."""
 from __future__ import annotations
 
 import math
@@ -8,10 +9,9 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import torch
 
-from ._plan import BOUND_MODES, NONFINITE_POLICIES, Hyper
+from ._groups import BOUND_MODES, NONFINITE_POLICIES, Hyper
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
-BACKEND_NAMES = ("auto", "reference", "triton", "cpu", "aot")
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "clip", "bound_mode", "bound", "maximize",
               "nonfinite", "stochastic_rounding", "state_dtype")
 
@@ -105,7 +105,8 @@ def validate_seed(seed: Any) -> None:
 
 
 def validate_backend(backend: Any) -> None:
-    from ._backend import Backend
+    from .backends import BACKEND_NAMES
+    from .backends.base import Backend
 
     if isinstance(backend, Backend):
         return
@@ -174,3 +175,86 @@ def check_state_tensor(p: torch.Tensor, t: Optional[torch.Tensor], key: str, dty
     if t.device != p.device:
         raise ValueError(
             f"{name}: state {key!r} lives on {t.device} but the parameter on {p.device}")
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Device equality where an index-less accelerator device means its current index."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        if a.type == "cpu":
+            return True
+        mod = getattr(torch, a.type, None)
+        current = mod.current_device() if mod is not None and hasattr(mod, "current_device") else 0
+        return (a.index if a.index is not None else current) == (
+            b.index if b.index is not None else current)
+    return a.index == b.index
+
+
+def check_element_tensor(label: str, t: Any, device: torch.device, dtype: torch.dtype,
+                         numel: int, backend: str, align: Optional[int]) -> None:
+    """What a table-driven backend needs of one element tensor; the message names the fix."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{backend} backend: {label} must be a tensor, got {type(t).__name__}")
+    if not _same_device(t.device, device):
+        raise ValueError(f"{backend} backend: {label} is on {t.device}, the group on {device}; "
+                         f"move it to {device}")
+    if t.dtype != dtype:
+        raise ValueError(f"{backend} backend: {label} has dtype {t.dtype}, the group expects "
+                         f"{dtype}")
+    if t.numel() != numel:
+        raise ValueError(f"{backend} backend: {label} has {t.numel()} elements, its param {numel}")
+    if not t.is_contiguous():
+        raise ValueError(f"{backend} backend: {label} is not contiguous; the kernels read flat "
+                         "storage")
+    if align and numel and t.data_ptr() % align:
+        raise ValueError(
+            f"{backend} backend: {label} starts at address {t.data_ptr():#x}, not a multiple of "
+            f"{align} bytes; the kernels read {align}-byte vectors (a view into another "
+            "tensor's storage can start anywhere). Use a tensor that owns its storage (e.g. "
+            ".clone()) or another backend")
+
+
+def check_group_tensors(group, backend: str, align: Optional[int] = None) -> None:
+    """Refuses, before anything is launched, what a table-driven backend (triton, aot, cpu)
+    cannot read correctly: list lengths, every element tensor (device, dtype, size, layout,
+    ``align``-byte alignment when given), the step counters, offsets and the seed."""
+    n = len(group.params)
+    for what, lst in (("grads", group.grads), ("exp_avgs", group.exp_avgs),
+                      ("exp_avg_sqs", group.exp_avg_sqs), ("steps", group.steps),
+                      ("param_indices", group.param_indices),
+                      ("elem_offsets", group.elem_offsets),
+                      ("global_numels", group.global_numels)):
+        if len(lst) != n:
+            raise ValueError(f"{backend} backend: the group has {n} params but {len(lst)} {what}")
+    bounded = group.hyper.bound_mode != 0
+    if bounded and (group.p_inits is None or len(group.p_inits) != n):
+        raise ValueError(f"{backend} backend: bound_mode {group.hyper.bound_mode} needs one "
+                         f"p_init per param; got "
+                         f"{None if group.p_inits is None else len(group.p_inits)}")
+    if not 0 <= int(group.seed) < 2 ** 64:
+        raise ValueError(f"seed must be in [0, 2**64), got {group.seed}")
+    expect = [("param", group.params, group.param_dtype),
+              ("grad", group.grads, group.grad_dtype),
+              ("exp_avg", group.exp_avgs, group.state_dtype),
+              ("exp_avg_sq", group.exp_avg_sqs, group.state_dtype)]
+    if bounded:
+        expect.append(("p_init", group.p_inits, group.param_dtype))
+    dev = group.device
+    for j in range(n):
+        numel = group.params[j].numel()
+        label = f"tensor {j} (param index {group.param_indices[j]})"
+        for what, lst, dtype in expect:
+            check_element_tensor(f"{what} of {label}", lst[j], dev, dtype, numel, backend, align)
+        s = group.steps[j]
+        if (not isinstance(s, torch.Tensor) or not _same_device(s.device, dev)
+                or s.dtype != torch.int64 or s.numel() != 1):
+            raise ValueError(f"{backend} backend: the step counter of {label} must be a "
+                             f"one-element int64 tensor on {dev}, got {s!r}")
+        if s.data_ptr() % 8:
+            raise ValueError(f"{backend} backend: the step counter of {label} is not 8-byte "
+                             f"aligned ({s.data_ptr():#x}); use a tensor that owns its storage")
+        off, gnumel = int(group.elem_offsets[j]), int(group.global_numels[j])
+        if off < 0 or gnumel < off + numel:
+            raise ValueError(f"{backend} backend: {label}: elem_offset {off} + numel {numel} "
+                             f"exceeds global_numel {gnumel}")

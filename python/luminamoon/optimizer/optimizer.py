@@ -12,9 +12,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ._backend import Backend
 from ._device import _get_generator
-from ._plan import LaunchGroup
+from ._groups import LaunchGroup, TensorRef, group_tensors
 from ._validation import (
     HYPER_KEYS,
     check_grad,
@@ -26,9 +25,10 @@ from ._validation import (
     validate_lr,
     validate_seed,
 )
-from .backends import select_backend
 from ._dtensor import is_dtensor, local_tensor, shard_layout
-from .functional import run_launch_groups
+from ._step import run_launch_groups
+from .backends import select_backend
+from .backends.base import Backend
 
 __all__ = ["LuminaMoon"]
 
@@ -320,9 +320,8 @@ class LuminaMoon(torch.optim.Optimizer):
             sources: List[List[torch.Tensor]] = []
             k = 0
             for gi, group in enumerate(self.param_groups):
-                hyper = make_hyper(group)
-                buckets: Dict[tuple, Tuple[LaunchGroup, List[torch.Tensor]]] = {}
-                for p in group["params"]:
+                refs = []
+                for j, p in enumerate(group["params"]):
                     index = k
                     k += 1
                     if p.grad is None:
@@ -331,39 +330,16 @@ class LuminaMoon(torch.optim.Optimizer):
                         self._init_state(p, group)
                         created.append(p)
                     state = self.state[p]
-                    layout = shard_layout(p, "")
-                    local = local_tensor(p)
-                    key = (local.device, p.dtype, p.grad.dtype, layout.reduce_dims,
-                           layout.mesh_dims)
-                    entry = buckets.get(key)
-                    if entry is None:
-                        launch = LaunchGroup(
-                            device=local.device, param_dtype=p.dtype, grad_dtype=p.grad.dtype,
-                            state_dtype=group["state_dtype"], hyper=hyper, lr=group["lr"],
-                            seed=self._seed, params=[], grads=[], exp_avgs=[], exp_avg_sqs=[],
-                            p_inits=[] if hyper.bound_mode else None, steps=[],
-                            param_indices=[], elem_offsets=[], global_numels=[],
-                            reduce_dims=layout.reduce_dims, mesh_dims=layout.mesh_dims)
-                        entry = (launch, [])
-                        buckets[key] = entry
-                    launch, owners = entry
-                    launch.params.append(local)
-                    launch.exp_avgs.append(local_tensor(state["exp_avg"]))
-                    launch.exp_avg_sqs.append(local_tensor(state["exp_avg_sq"]))
-                    if hyper.bound_mode:
-                        launch.p_inits.append(local_tensor(state["p_init"]))
-                    launch.steps.append(state["step"])
-                    launch.param_indices.append(index)
-                    launch.elem_offsets.append(layout.elem_offset)
-                    launch.global_numels.append(layout.global_numel)
-                    owners.append(p)
-                for launch, owners in buckets.values():
+                    refs.append(TensorRef(p, p.grad, state["exp_avg"], state["exp_avg_sq"],
+                                          state.get("p_init"), state["step"], index,
+                                          f"parameter {index} (param group {gi}, index {j})"))
+                for launch, owners in group_tensors(refs, hyper=make_hyper(group),
+                                                    state_dtype=group["state_dtype"],
+                                                    lr=group["lr"], seed=self._seed):
                     groups.append(launch)
                     lr_sources.append(gi)
                     sources.append(owners)
-            # Grads are filled per step; a backend may look at them to decide support.
-            for launch, owners in zip(groups, sources):
-                launch.grads = [local_tensor(p.grad) for p in owners]
+            # (a backend may look at the group's grads to decide support)
             backends = [select_backend(self._backend_choice, launch, aot_bundle=self._aot_bundle)
                         for launch in groups]
         except BaseException:
@@ -432,7 +408,7 @@ class LuminaMoon(torch.optim.Optimizer):
         try:
             run_launch_groups(plan.groups, plan.backends, flags=self._flags,
                               scratch=self._scratch, skipped=self.skipped_steps,
-                              describe=self._describe_flat, flags_clear=True)
+                              describe=self._describe_flat)
         finally:
             plan.release_grads()
         return loss

@@ -1,8 +1,8 @@
-"""The native engine's backends: ``cpu`` (the C++ engine's own passes on CPU threads) and
+"""optimizer/backends/native.py: the native engine's backends: ``cpu`` (the C++ engine's own passes on CPU threads) and
 ``aot`` (the Triton kernels compiled ahead of time, launched by the C++ runtime on CUDA).
 
-Both implement :class:`~luminamoon.optimizer._backend.Backend` on a
-:class:`~luminamoon.optimizer._plan.LaunchGroup`, handing the tensors' addresses
+Both implement :class:`~luminamoon.optimizer.backends.base.Backend` on a
+:class:`~luminamoon.optimizer._groups.LaunchGroup`, handing the tensors' addresses
 (``data_ptr()``) to ``luminamoon._luminav``. Importing this module imports the compiled module
 and nothing else happens: no device probing, no bundle loading (that waits for the first group).
 """
@@ -13,11 +13,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ._backend import Backend
-from ._plan import DTYPE_CODES, LaunchGroup, NONFINITE_POLICIES
+from ...kernels.layout import ALIGN_BYTES, DTYPE_CODES, NONFINITE_CODES
+from .._groups import LaunchGroup
+from .._validation import check_group_tensors
+from ._tables import build_table, grad_column
+from .base import Backend
 
 try:
-    from .. import _luminav
+    from ... import _luminav
 except ImportError as exc:  # pragma: no cover - depends on the build
     raise ImportError(
         "the native module luminamoon._luminav is not built: "
@@ -25,17 +28,8 @@ except ImportError as exc:  # pragma: no cover - depends on the build
 
 __all__ = ["CpuBackend", "AotBackend"]
 
-_NONFINITE_CODES = {name: i for i, name in enumerate(NONFINITE_POLICIES)}  # skip 0, raise 1, propagate 2
 _CPU_CACHE = "cpu"
 _AOT_CACHE = "aot"
-
-
-def _check_policy_codes() -> None:
-    # The C++ engine's NonFinite enum: skip 0, raise 1, propagate 2.
-    assert _NONFINITE_CODES == {"skip": 0, "raise": 1, "propagate": 2}, _NONFINITE_CODES
-
-
-_check_policy_codes()
 
 
 def _dtype_codes(group: LaunchGroup) -> Tuple[int, int, int]:
@@ -49,7 +43,7 @@ def _hyper_args(group: LaunchGroup) -> Dict[str, Any]:
     return dict(param_dtype=p, grad_dtype=g, state_dtype=s, beta1=float(h.beta1),
                 beta2=float(h.beta2), eps=float(h.eps), weight_decay=float(h.weight_decay),
                 clip=float(h.clip), bound_mode=int(h.bound_mode), bound=float(h.bound),
-                maximize=bool(h.maximize), nonfinite=_NONFINITE_CODES[h.nonfinite],
+                maximize=bool(h.maximize), nonfinite=NONFINITE_CODES[h.nonfinite],
                 stochastic_rounding=bool(h.stochastic_rounding), seed=int(group.seed))
 
 
@@ -69,36 +63,6 @@ def _rows(group: LaunchGroup) -> List[tuple]:
 
 def _cache_key(group: LaunchGroup, rows: List[tuple]) -> tuple:
     return (tuple(rows), int(group.seed), group.hyper)
-
-
-# The bundle's kernels are compiled with every element pointer declared 16-byte aligned.
-_ALIGN_BYTES = 16
-
-
-def _check_tensors(group: LaunchGroup, backend: str) -> None:
-    lists = [("param", group.params), ("grad", group.grads), ("exp_avg", group.exp_avgs),
-             ("exp_avg_sq", group.exp_avg_sqs)]
-    if group.hyper.bound_mode != 0:
-        if group.p_inits is None:
-            raise ValueError(f"{backend} backend: bound_mode is not 'none' but the group has no p_init")
-        lists.append(("p_init", group.p_inits))
-    for name, tensors in lists:
-        for j, t in enumerate(tensors):
-            if not t.is_contiguous():
-                raise ValueError(f"{backend} backend: {name} {j} of the group is not contiguous; "
-                                 "call .contiguous() on it (the kernels read flat storage)")
-            if backend == "aot" and t.data_ptr() % _ALIGN_BYTES:
-                raise ValueError(f"{backend} backend: {name} {j} starts at address "
-                                 f"{t.data_ptr():#x}, not a multiple of {_ALIGN_BYTES} bytes; "
-                                 "the bundle's kernels read 16-byte vectors (a view into another "
-                                 "tensor's storage can start anywhere): pass .clone() of it")
-            if t.numel() != group.params[j].numel():
-                raise ValueError(f"{backend} backend: {name} {j} has {t.numel()} elements, its "
-                                 f"parameter {group.params[j].numel()}")
-    for j, s in enumerate(group.steps):
-        if s.dtype != torch.int64 or s.numel() != 1:
-            raise ValueError(f"{backend} backend: step counter {j} must be a 0-dim int64 tensor, "
-                             f"got {s.dtype} of {s.numel()} elements")
 
 
 def _lr_value(lr) -> float:
@@ -133,7 +97,7 @@ class CpuBackend(Backend):
         cached = group.cache.get(_CPU_CACHE)
         if cached is not None and cached[0] == key:
             return cached[1]
-        _check_tensors(group, "cpu")
+        check_group_tensors(group, "cpu")
         native = _luminav.CpuGroup(rows=rows, num_threads=self.num_threads, **_hyper_args(group))
         group.cache[_CPU_CACHE] = (key, native)
         return native
@@ -173,27 +137,14 @@ class _AotState:
 
     def __init__(self, backend: "AotBackend", group: LaunchGroup, rows: List[tuple]):
         device = group.device
-        block = _luminav.GPU_BLOCK
-        nblocks_per = [(r[6] + block - 1) // block for r in rows]
-        starts, acc = [], 0
-        for nb in nblocks_per:
-            starts.append(acc)
-            acc += nb
-        self.nblocks = acc
-        host = torch.zeros((len(rows), _luminav.GPU_TABLE_COLS), dtype=torch.int64)
-        for j, r in enumerate(rows):
-            param, grad, m, v, p0, step, numel, off, k, gnumel = r
-            host[j, :11] = torch.tensor([_signed64(param), _signed64(grad), _signed64(m), _signed64(v),
-                                    _signed64(p0), _signed64(step), numel, starts[j], off, k,
-                                    gnumel], dtype=torch.int64)  # the cache columns: 0
-        self.table = host.to(device)
+        host = build_table(group, _luminav.GPU_BLOCK)
+        self.nblocks = host.nblocks
+        self.table = host.table.to(device)
         self.static_rows = [r[:1] + r[2:] for r in rows]  # every column but the gradient's
         self.grad_ptrs = tuple(r[1] for r in rows)
         self.grads_checked = True
         self._grad_col_host = None
-        self.block_map = torch.repeat_interleave(
-            torch.arange(len(rows), dtype=torch.int32),
-            torch.tensor(nblocks_per, dtype=torch.int64)).to(device)
+        self.block_map = host.block_map.to(device)
         n = max(self.nblocks, 1)
         self.partial_sum = torch.zeros(n, dtype=torch.float32, device=device)
         self.partial_bad = torch.zeros(n, dtype=torch.int32, device=device)
@@ -207,9 +158,7 @@ class _AotState:
 
     def set_grad_ptrs(self, grad_ptrs: tuple) -> None:
         """Rewrites the table's GRAD column (asynchronously, from pinned memory)."""
-        col = torch.tensor([_signed64(x) for x in grad_ptrs], dtype=torch.int64)
-        if torch.cuda.is_available():
-            col = col.pin_memory()
+        col = grad_column(grad_ptrs, pinned=True)
         self._grad_col_host = col  # kept alive until the copy has run
         self.table[:, 1].copy_(col, non_blocking=True)
         self.grad_ptrs = grad_ptrs
@@ -217,7 +166,7 @@ class _AotState:
     def lr_ptr(self, lr) -> int:
         if isinstance(lr, torch.Tensor):
             if (lr.device != self.lr.device or lr.dtype != torch.float32 or lr.numel() != 1
-                    or lr.data_ptr() % _ALIGN_BYTES):
+                    or lr.data_ptr() % ALIGN_BYTES):
                 self.lr.copy_(lr.reshape(()).to(torch.float32), non_blocking=True)
                 self.lr_value = None
                 return self.lr.data_ptr()
@@ -227,10 +176,6 @@ class _AotState:
             self.lr.fill_(lr)  # a device write on the stream, no host synchronisation
             self.lr_value = lr
         return self.lr.data_ptr()
-
-
-def _signed64(x: int) -> int:
-    return x - (1 << 64) if x >= (1 << 63) else x
 
 
 class AotBackend(Backend):
@@ -275,14 +220,14 @@ class AotBackend(Backend):
                     rows = _rows(group)
                     if state.static_rows != [r[:1] + r[2:] for r in rows]:
                         return self._build(group, rows)
-                    _check_tensors(group, "aot")
+                    check_group_tensors(group, "aot", ALIGN_BYTES)
                     state.set_grad_ptrs(grad_ptrs)
                 state.grads_checked = True
             return state
         return self._build(group, _rows(group))
 
     def _build(self, group: LaunchGroup, rows: List[tuple]) -> _AotState:
-        _check_tensors(group, "aot")
+        check_group_tensors(group, "aot", ALIGN_BYTES)
         state = _AotState(self, group, rows)
         group.cache[_AOT_CACHE] = ((int(group.seed), group.hyper, len(group)), state)
         return state

@@ -1,4 +1,4 @@
-"""Choosing a backend by name, for a device.
+"""optimizer/backends: the backends (reference, triton, cpu, aot) and choosing one by name.
 
 Only the reference backend is imported eagerly; the others load on first use, and a missing
 piece (Triton, the compiled module, an AOT bundle) is reported as a
@@ -12,8 +12,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ._backend import Backend
-from ._plan import LaunchGroup
+from .._groups import LaunchGroup
+from .base import Backend
 from .reference import ReferenceBackend
 
 __all__ = ["BackendUnavailableError", "get_backend", "select_backend"]
@@ -47,7 +47,7 @@ def _construct(name: str, aot_bundle: Optional[str]) -> Backend:
         return ReferenceBackend()
     try:
         if name == "triton":
-            from .gpu_backend import TritonBackend
+            from .triton import TritonBackend
 
             return TritonBackend()
         if name == "cpu":

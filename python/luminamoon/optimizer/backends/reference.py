@@ -1,4 +1,4 @@
-"""The reference backend: TDCLM in plain PyTorch ops, one tensor at a time, on any device.
+"""optimizer/backends/reference.py: the reference backend: TDCLM in plain PyTorch ops, one tensor at a time, on any device.
 
 It is the oracle the other backends are tested against, and the fallback wherever nothing
 faster runs. It follows docs/internals.md line by line; the numbered comments below carry the
@@ -12,9 +12,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import rng
-from ._backend import Backend
-from ._plan import LaunchGroup
+from .. import rng
+from .._groups import LaunchGroup
+from .base import Backend
 
 # float32 constant of the "rel" bound: r = bound * sqrt(p0 * p0 + 1e-4).
 REL_BOUND_FLOOR = 1e-4

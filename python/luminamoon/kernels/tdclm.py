@@ -1,0 +1,545 @@
+"""kernels/tdclm.py: every @triton.jit function of the TDCLM step (docs/internals.md, "Kernels").
+
+The same functions are compiled just in time (the ``triton`` backend) and ahead of time
+(``luminamoon.aot``); every choice that shapes the generated code and is made at import (the
+tanh, the skip mask under the interpreter) is made here, once, so both builds agree.
+
+Specialisation (what keeps JIT and AOT builds identical):
+- Triton's JIT specialises integer arguments (a value of 1 becomes a constant, a multiple of 16
+  gets a divisibility hint) and derives an integer argument's type from its value. The AOT
+  builder compiles every integer scalar with no hint and a fixed type, so every integer scalar
+  of every kernel here (``seed``, ``ntensors``) is listed in ``do_not_specialize`` and carries a
+  type annotation (``tl.int64`` / ``tl.int32``).
+- Pointer arguments get a 16-byte alignment hint from the JIT when their address allows it; the
+  AOT builder marks every pointer argument divisible by 16. The backends therefore only ever
+  pass 16-byte aligned pointers (their own buffers, and ``found_inf``/``lr`` after a check).
+- Element addresses loaded from the table are declared 16-byte aligned (``tl.multiple_of``) so
+  loads and stores move 16-byte vectors; the backends refuse any tensor whose data_ptr is not a
+  multiple of 16 when they build a table.
+
+Importing this module defines kernels and nothing else; Triton is required.
+"""
+import triton
+import triton.language as tl
+
+from .layout import COL_CACHE, TABLE_COLS
+from .rounding import INTERPRET as _INTERPRET
+from .rounding import _seed_tk, _storage_to_f32, _to_storage  # noqa: F401  (used by kernels)
+
+# ----------------------------------------------------------------------------------------------
+# tanh: chosen once, here, at import; the AOT builder compiles these same functions, so JIT and
+# AOT builds agree. The interpreter (TRITON_INTERPRET=1) runs no libdevice call, so it gets a
+# formula through tl.exp.
+# ----------------------------------------------------------------------------------------------
+def _find_libdevice_tanh():
+    """libdevice's tanh: triton.language.extra.libdevice (3.2+) or extra.cuda.libdevice (3.0, 3.1)."""
+    for modname in ("triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice"):
+        try:
+            mod = __import__(modname, fromlist=["tanh"])
+        except ImportError:
+            continue
+        fn = getattr(mod, "tanh", None)
+        if fn is not None:
+            return fn
+    return None
+
+
+if _INTERPRET:
+    TANH_IMPL = "exp-formula"
+    _tanh_builtin = None
+elif hasattr(tl.math, "tanh"):
+    TANH_IMPL = "tl.math.tanh"
+    _tanh_builtin = tl.math.tanh
+else:
+    _tanh_builtin = _find_libdevice_tanh()
+    TANH_IMPL = "libdevice.tanh" if _tanh_builtin is not None else "exp-formula"
+
+if _tanh_builtin is None:
+
+    @triton.jit
+    def _triton_tanh_fast(x):
+        # sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|) <= 1: no overflow for any x,
+        # +-1 at +-inf, NaN stays NaN; absolute error <= 2**-23.
+        # below 1e-4, tanh(x) = x to within x**2 / 3 < 2**-24 relative (and keeps the sign)
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = tl.div_rn(1.0 - e, 1.0 + e)
+        t = tl.where(x < 0, -t, t)
+        return tl.where(tl.abs(x) < 1e-4, x, t)
+
+else:
+
+    @triton.jit
+    def _triton_tanh_fast(x):
+        return _tanh_builtin(x)
+
+
+# The skip decision as an element mask. Compiled, one scalar load of found_inf that broadcasts;
+# the interpreter of newer Triton releases refuses a scalar int1 broadcast into a load mask, so
+# there every lane loads the flag's one address (the same value).
+if _INTERPRET:
+
+    @triton.jit
+    def _step_applies(found_inf, offs):
+        return tl.load(found_inf + offs * 0) == 0
+
+else:
+
+    @triton.jit
+    def _step_applies(found_inf, offs):
+        return tl.load(found_inf) == 0
+
+
+# Table layout (kernels/layout.py) as constexprs the kernels index with.
+_TC: tl.constexpr = tl.constexpr(TABLE_COLS)
+_CC: tl.constexpr = tl.constexpr(COL_CACHE)
+
+# ----------------------------------------------------------------------------------------------
+# Shared @triton.jit helpers
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_row(table, row):
+    """The 11 host-written columns of table row ``row`` (int64 values)."""
+    base = table + row.to(tl.int64) * _TC
+    param = tl.load(base + 0)
+    grad = tl.load(base + 1)
+    exp_avg = tl.load(base + 2)
+    exp_avg_sq = tl.load(base + 3)
+    p_init = tl.load(base + 4)
+    step = tl.load(base + 5)
+    numel = tl.load(base + 6)
+    block_start = tl.load(base + 7)
+    elem_offset = tl.load(base + 8)
+    param_index = tl.load(base + 9)
+    global_numel = tl.load(base + 10)
+    return (param, grad, exp_avg, exp_avg_sq, p_init, step, numel, block_start, elem_offset,
+            param_index, global_numel)
+
+
+@triton.jit
+def _elem_ptr(addr, DTYPE: tl.constexpr):
+    """An element pointer of dtype code DTYPE (0 fp32, 1 bf16, 2 fp16) from an int64 address.
+
+    The address is declared 16-byte aligned (the backend checks it) so that accesses vectorise.
+    """
+    if DTYPE == 0:
+        ptr = addr.to(tl.pointer_type(tl.float32))
+    elif DTYPE == 1:
+        ptr = addr.to(tl.pointer_type(tl.bfloat16))
+    else:
+        ptr = addr.to(tl.pointer_type(tl.float16))
+    return tl.multiple_of(ptr, 16)
+
+
+@triton.jit
+def _load_f32(ptr, offs, mask, DTYPE: tl.constexpr):
+    """Load elements of dtype code DTYPE and widen them to float32 (exactly)."""
+    x = tl.load(ptr + offs, mask=mask, other=0.0)
+    if DTYPE == 1:
+        # bf16 -> fp32 is a 16-bit shift of the bits; done on integers so that the interpreter
+        # and the compiled kernel agree bit for bit.
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _bias_corrections(beta1, beta2, t):
+    """bc1 = float32(1 - beta1**t), bc2 likewise; the power in float64 by binary exponentiation.
+
+    r = 1; b = beta; e = t; while e > 0: (if e & 1: r *= b); b *= b; e >>= 1   (C++ engine: same)
+    """
+    b1 = tl.cast(beta1, tl.float64)
+    b2 = tl.cast(beta2, tl.float64)
+    r1 = b1 * 0.0 + 1.0
+    r2 = b2 * 0.0 + 1.0
+    e = t.to(tl.int64)
+    while e > 0:
+        odd = (e & 1) == 1
+        r1 = tl.where(odd, r1 * b1, r1)
+        r2 = tl.where(odd, r2 * b2, r2)
+        b1 = b1 * b1
+        b2 = b2 * b2
+        e = e >> 1
+    bc1 = (1.0 - r1).to(tl.float32)
+    bc2 = (1.0 - r2).to(tl.float32)
+    return bc1, bc2
+
+
+@triton.jit
+def _bias_reciprocals(beta1, beta2, t):
+    """(float32(1 / bc1), float32(1 / bc2)): once per program, so that each element multiplies."""
+    bc1, bc2 = _bias_corrections(beta1, beta2, t)
+    return tl.div_rn(1.0 + bc1 * 0.0, bc1), tl.div_rn(1.0 + bc2 * 0.0, bc2)
+
+
+@triton.jit
+def _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY: tl.constexpr,
+                    BOTH_SLOTS: tl.constexpr):
+    """(rbc1, rbc2, seed_tk) of step t for table row ``row``.
+
+    From the row's cache slot t & 1 when it holds step t (written by the previous step's update
+    kernel), else computed here: the float64 power costs a loop of log2(t) iterations in every
+    thread of every program, which the cache saves. Either way the same bits.
+    """
+    cache = table + row.to(tl.int64) * _TC + _CC
+    if BOTH_SLOTS:
+        # both slots loaded (their addresses do not wait for t), then the one of t's parity
+        # taken: pass 1, whose element loads are issued first, then overlaps all of them
+        odd = (t & 1) == 1
+        tag = tl.where(odd, tl.load(cache + 3), tl.load(cache))
+        packed = tl.where(odd, tl.load(cache + 4), tl.load(cache + 1))
+        cached_key = tl.where(odd, tl.load(cache + 5), tl.load(cache + 2))
+    else:
+        slot = cache + (t & 1) * 3
+        tag = tl.load(slot)
+        packed = tl.load(slot + 1)
+        cached_key = tl.load(slot + 2)
+    if tag == t:
+        rbc1 = (packed & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        rbc2 = ((packed >> 32) & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        key = cached_key.to(tl.uint64, bitcast=True)
+    else:
+        rbc1, rbc2 = _bias_reciprocals(beta1, beta2, t)
+        if NEED_KEY:
+            key = _seed_tk(seed, t, param_index)
+        else:
+            key = tag.to(tl.uint64, bitcast=True)
+    return rbc1, rbc2, key
+
+
+@triton.jit
+def _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2):
+    """Writes step t + 1's constants into slot (t + 1) & 1 of the row: a slot no program of
+    step t reads, so the writes race with nothing (a skipped step leaves slot t & 1 valid)."""
+    tn = t + 1
+    slot = table + row.to(tl.int64) * _TC + _CC + (tn & 1) * 3
+    rbc1, rbc2 = _bias_reciprocals(beta1, beta2, tn)
+    packed = (rbc1.to(tl.uint32, bitcast=True).to(tl.int64)
+              | (rbc2.to(tl.uint32, bitcast=True).to(tl.int64) << 32))
+    tl.store(slot + 1, packed)
+    tl.store(slot + 2, _seed_tk(seed, tn, param_index).to(tl.int64, bitcast=True))
+    tl.store(slot, tn)
+
+
+@triton.jit
+def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
+                   S_DTYPE: tl.constexpr, SR: tl.constexpr):
+    """Steps 1-4 of docs/internals.md; pass 1 and pass 2 both call this, so their u agree.
+
+    Returns (m', v') rounded to the state dtype (in that dtype) and u (float32).
+    """
+    # 1. gradient, sign applied: folded into the scalar (1 - beta1) * sign, the same bits as
+    # (1 - beta1) * (g * sign) since a sign flip is exact; (g * sign)**2 is g * g
+    g = g_raw
+    # 2. moments
+    m_new = beta1 * m + ((1.0 - beta1) * sign) * g
+    v_new = beta2 * v + (1.0 - beta2) * (g * g)
+    # 3. round moments to their storage dtype (streams 1 and 2)
+    m_st = _to_storage(m_new, S_DTYPE, SR, key, idx, 1)
+    v_st = _to_storage(v_new, S_DTYPE, SR, key, idx, 2)
+    m_r = _storage_to_f32(m_st, S_DTYPE)
+    v_r = _storage_to_f32(v_st, S_DTYPE)
+    # 4. Adam direction
+    u = tl.div_rn(m_r * rbc1, tl.sqrt_rn(v_r * rbc2) + eps)
+    return m_st, v_st, u
+
+
+@triton.jit
+def _is_finite(x):
+    """Elementwise: x (float32) is neither inf nor NaN."""
+    return (x.to(tl.uint32, bitcast=True) & 0x7F800000) != 0x7F800000
+
+
+@triton.jit
+def _block_offsets(pid, block_start, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """int64 element offsets of this program's block inside its tensor (tensors > 2**31 elems).
+
+    VEC: the contiguous run each thread owns. BLOCK lets every tensor take its widest access
+    (16 bytes); 4 keeps 32-bit and 16-bit tensors of one kernel in one register layout
+    (16-byte accesses for 32-bit data, 8-byte for 16-bit data) so that no layout conversion
+    through shared memory sits between the loads and the arithmetic.
+    """
+    local_block = pid - block_start
+    start = local_block.to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    offs = tl.max_contiguous(tl.multiple_of(offs, BLOCK), VEC)
+    return start, offs
+
+
+@triton.jit
+def _program_constants(table, row, step_addr, seed, param_index, beta1, beta2, NEED_KEY: tl.constexpr):
+    """(t, rbc1, rbc2, seed_tk) of the step being applied to table row ``row``.
+
+    Called after a program has issued its element loads: the step counter and cache loads it
+    waits on then overlap with them."""
+    t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
+    rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY,
+                                      True)
+    return t, rbc1, rbc2, key
+
+
+@triton.jit
+def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, table, row, step_addr, seed,
+                    param_index, sign, beta1, beta2, eps,
+                    G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
+                    NEED_SUM: tl.constexpr):
+    """(sum of u*u, any non-finite grad) over one block of elements."""
+    g_raw = _load_f32(g_ptr, offs, mask, G_DTYPE)
+    if NEED_SUM:
+        m = _load_f32(m_ptr, offs, mask, S_DTYPE)
+        v = _load_f32(v_ptr, offs, mask, S_DTYPE)
+    bad = tl.max((mask & (_is_finite(g_raw) == 0)).to(tl.int32), axis=0)
+    if NEED_SUM:
+        _t, rbc1, rbc2, key = _program_constants(table, row, step_addr, seed, param_index, beta1,
+                                                 beta2, SR)
+        _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key,
+                                         idx, S_DTYPE, SR)
+        s = tl.sum(tl.where(mask, u * u, 0.0), axis=0)
+    else:
+        s = bad.to(tl.float32) * 0.0
+    return s, bad
+
+
+@triton.jit
+def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
+                    beta2, eps, rbc1, rbc2, decay, tau, bound,
+                    P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
+                    SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr):
+    """Steps 1-8 of docs/internals.md over one block of elements."""
+    g_raw = _load_f32(g_ptr, offs, mask, G_DTYPE)
+    m = _load_f32(m_ptr, offs, mask, S_DTYPE)
+    v = _load_f32(v_ptr, offs, mask, S_DTYPE)
+    p = _load_f32(p_ptr, offs, mask, P_DTYPE)
+    m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
+                                   S_DTYPE, SR)
+    # 5. soft clip (pass 2 only)
+    if USE_CLIP:
+        # tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads, nonfinite="propagate")
+        # gives NaN, as the unclipped update would
+        tau_zero = tau == 0.0
+        tau_safe = tl.where(tau_zero, 1.0, tau)
+        rtau = tl.div_rn(1.0 + tau_safe * 0.0, tau_safe)
+        u = tl.where(tau_zero, 0.0, tau_safe * _triton_tanh_fast(u * rtau))
+    # 6. decoupled decay and step
+    q = p * decay - lr * u
+    # 7. bound (modes 1, 2)
+    if BOUND_MODE != 0:
+        p0 = _load_f32(p0_ptr, offs, mask, P_DTYPE)
+        if BOUND_MODE == 1:
+            r = bound + p0 * 0.0
+        else:
+            r = bound * tl.sqrt_rn(p0 * p0 + 1e-4)
+        q = tl.minimum(tl.maximum(q, p0 - r, propagate_nan=tl.PropagateNan.ALL), p0 + r,
+                       propagate_nan=tl.PropagateNan.ALL)
+    # 8. store p (stream 0), m, v, each rounded to its storage dtype
+    tl.store(p_ptr + offs, _to_storage(q, P_DTYPE, SR, key, idx, 0), mask=mask)
+    tl.store(m_ptr + offs, m_st, mask=mask)
+    tl.store(v_ptr + offs, v_st, mask=mask)
+
+
+@triton.jit
+def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, beta1, beta2, eps,
+                        weight_decay, clip, bound,
+                        P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
+                        SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
+                        CHECK_FLAG: tl.constexpr, BLOCK: tl.constexpr):
+    """Pass 2 for the block of program_id(0): the body of both update kernels."""
+    # float32 scalars (the interpreter hands Python floats over; compiled, these are no-ops)
+    sign = tl.cast(sign, tl.float32)
+    beta1 = tl.cast(beta1, tl.float32)
+    beta2 = tl.cast(beta2, tl.float32)
+    eps = tl.cast(eps, tl.float32)
+    weight_decay = tl.cast(weight_decay, tl.float32)
+    clip = tl.cast(clip, tl.float32)
+    bound = tl.cast(bound, tl.float32)
+    pid = tl.program_id(0)
+    row = tl.load(block_map + pid)
+    (p_addr, g_addr, m_addr, v_addr, p0_addr, step_addr, numel, block_start, elem_offset,
+     param_index, global_numel) = _load_row(table, row)
+    # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
+    MIXED: tl.constexpr = ((P_DTYPE == 0) != (S_DTYPE == 0)) or ((G_DTYPE == 0) != (S_DTYPE == 0))
+    if MIXED:
+        start, offs = _block_offsets(pid, block_start, BLOCK, 4)
+    else:
+        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK)
+    p_ptr = _elem_ptr(p_addr, P_DTYPE)
+    g_ptr = _elem_ptr(g_addr, G_DTYPE)
+    m_ptr = _elem_ptr(m_addr, S_DTYPE)
+    v_ptr = _elem_ptr(v_addr, S_DTYPE)
+    p0_ptr = _elem_ptr(p0_addr, P_DTYPE)
+    t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
+    rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, SR,
+                                      False)
+    # the first program of each tensor prepares the next step's constants
+    if pid == block_start:
+        _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2)
+    lr = tl.load(lr_ptr)
+    decay = 1.0 - lr * weight_decay
+    if USE_CLIP:
+        s_sum = tl.load(stats + row)
+        tau = clip * tl.sqrt_rn(tl.div_rn(s_sum, global_numel.to(tl.float32)))
+    else:
+        tau = clip * 0.0
+    idx = elem_offset + offs
+    # every element's mask also carries the step's skip decision (one int1 for the program;
+    # an int1 tensor, not a Python bool, so that every Triton's interpreter takes it as a mask)
+    if CHECK_FLAG:
+        ok = _step_applies(found_inf, offs)
+    else:
+        ok = tl.full([BLOCK], 1, tl.int1)
+    if start + BLOCK <= numel:
+        # a full block: the mask is uniform, so accesses stay 16-byte vectors
+        mask = (tl.full([BLOCK], 1, tl.int1)) & ok
+        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
+                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
+                        BOUND_MODE, USE_CLIP)
+    else:
+        mask = (offs < numel) & ok
+        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
+                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
+                        BOUND_MODE, USE_CLIP)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels (names and argument lists: docs/internals.md, "Kernels")
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed: tl.int64,
+                               sign: tl.float32, beta1: tl.float32, beta2: tl.float32,
+                               eps: tl.float32,
+                               G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
+                               NEED_SUM: tl.constexpr, BLOCK: tl.constexpr):
+    """Per block: partial_sum = sum of u*u (NEED_SUM) and partial_bad = any non-finite grad."""
+    # float32 scalars (the interpreter hands Python floats over; compiled, these are no-ops)
+    sign = tl.cast(sign, tl.float32)
+    beta1 = tl.cast(beta1, tl.float32)
+    beta2 = tl.cast(beta2, tl.float32)
+    eps = tl.cast(eps, tl.float32)
+    pid = tl.program_id(0)
+    row = tl.load(block_map + pid)
+    (_p_addr, g_addr, m_addr, v_addr, _p0_addr, step_addr, numel, block_start, elem_offset,
+     param_index, _global_numel) = _load_row(table, row)
+    # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
+    MIXED: tl.constexpr = NEED_SUM and ((G_DTYPE == 0) != (S_DTYPE == 0))
+    if MIXED:
+        start, offs = _block_offsets(pid, block_start, BLOCK, 4)
+    else:
+        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK)
+    g_ptr = _elem_ptr(g_addr, G_DTYPE)
+    m_ptr = _elem_ptr(m_addr, S_DTYPE)
+    v_ptr = _elem_ptr(v_addr, S_DTYPE)
+    idx = elem_offset + offs
+    if start + BLOCK <= numel:
+        mask = tl.full([BLOCK], 1, tl.int1)
+        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, table, row, step_addr,
+                                 seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
+                                 NEED_SUM)
+    else:
+        mask = offs < numel
+        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, table, row, step_addr,
+                                 seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
+                                 NEED_SUM)
+    tl.store(partial_sum + pid, s)
+    tl.store(partial_bad + pid, bad)
+
+
+@triton.jit(do_not_specialize=["ntensors"])
+def _lumina_tdclm_reduce_kernel(table, partial_sum, partial_bad, stats, found_inf,
+                                ntensors: tl.int32,
+                                BLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    """stats[j] = S_j from tensor j's partials in a fixed order; raises found_inf (int atomic)."""
+    j = tl.program_id(0)
+    base = table + j.to(tl.int64) * _TC
+    numel = tl.load(base + 6)
+    block_start = tl.load(base + 7)
+    nblk = (numel + BLOCK - 1) // BLOCK
+    acc = tl.zeros([RBLOCK], dtype=tl.float32)
+    bad = tl.zeros([RBLOCK], dtype=tl.int32)
+    # chunks of RBLOCK in order (a while loop: the interpreter takes no tensor range() bound)
+    c = nblk * 0
+    while c < nblk:
+        ids = c + tl.arange(0, RBLOCK)
+        msk = ids < nblk
+        acc += tl.load(partial_sum + block_start + ids, mask=msk, other=0.0)
+        bad = tl.maximum(bad, tl.load(partial_bad + block_start + ids, mask=msk, other=0))
+        c += RBLOCK
+    tl.store(stats + j, tl.sum(acc, axis=0))
+    any_bad = tl.max(bad, axis=0)
+    # An integer max: the result does not depend on the order of the programs.
+    tl.atomic_max(found_inf, any_bad, mask=any_bad > 0)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _lumina_tdclm_pass2_kernel(table, block_map, stats, found_inf, lr, seed: tl.int64,
+                               sign: tl.float32, beta1: tl.float32, beta2: tl.float32,
+                               eps: tl.float32, weight_decay: tl.float32, clip: tl.float32,
+                               bound: tl.float32,
+                               P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr,
+                               S_DTYPE: tl.constexpr, SR: tl.constexpr,
+                               BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
+                               CHECK_FLAG: tl.constexpr, BLOCK: tl.constexpr):
+    """The update: soft clip (USE_CLIP), decay, bound, rounding; all masked off when CHECK_FLAG
+    and found_inf is set."""
+    _tdclm_update_block(table, block_map, stats, found_inf, lr, seed, sign, beta1, beta2, eps,
+                        weight_decay, clip, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR, BOUND_MODE,
+                        USE_CLIP, CHECK_FLAG, BLOCK)
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _lumina_adamw_single_pass_kernel(table, block_map, stats, found_inf, lr, seed: tl.int64,
+                                     sign: tl.float32, beta1: tl.float32, beta2: tl.float32,
+                                     eps: tl.float32, weight_decay: tl.float32,
+                                     clip: tl.float32, bound: tl.float32,
+                                     P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr,
+                                     S_DTYPE: tl.constexpr, SR: tl.constexpr,
+                                     BOUND_MODE: tl.constexpr, BLOCK: tl.constexpr):
+    """Pass 2 with USE_CLIP = 0 and CHECK_FLAG = 0: one read and one write of p, m, v."""
+    _tdclm_update_block(table, block_map, stats, found_inf, lr, seed, sign, beta1, beta2, eps,
+                        weight_decay, clip, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR, BOUND_MODE,
+                        0, 0, BLOCK)
+
+
+@triton.jit
+def _add_to_step_counters(table, inc, ntensors, TBLOCK: tl.constexpr):
+    """The step counter of every table row += inc (int64)."""
+    # a while loop: the interpreter cannot take a kernel argument as a range() bound
+    c = tl.program_id(0) * 0
+    while c < ntensors:
+        j = c + tl.arange(0, TBLOCK)
+        msk = j < ntensors
+        addr = tl.load(table + j.to(tl.int64) * _TC + 5, mask=msk, other=0)
+        ptr = addr.to(tl.pointer_type(tl.int64))
+        cur = tl.load(ptr, mask=msk, other=0)
+        tl.store(ptr, cur + inc, mask=msk)
+        c += TBLOCK
+
+
+@triton.jit(do_not_specialize=["ntensors"])
+def _lumina_tdclm_commit_kernel(table, found_inf, ntensors: tl.int32,
+                                CHECK_FLAG: tl.constexpr, TBLOCK: tl.constexpr):
+    """Every step counter of the group += 1 - found_inf (CHECK_FLAG) or += 1."""
+    if CHECK_FLAG:
+        inc = 1 - tl.load(found_inf).to(tl.int64)
+    else:
+        inc = tl.full([], 1, tl.int64)
+    _add_to_step_counters(table, inc, ntensors, TBLOCK)
+
+
+@triton.jit(do_not_specialize=["ntensors"])
+def _lumina_tdclm_commit_last_kernel(table, found_inf, skipped, ntensors: tl.int32,
+                                     TBLOCK: tl.constexpr):
+    """The commit (CHECK_FLAG = 1) of the step's last launch that reads found_inf, then
+    skipped += found_inf and found_inf = 0: the flag is clear again for the next step.
+
+    The triton backend's own kernel (no AOT bundle holds it): the optimizer's step ends with
+    this one launch where it would otherwise take two more (an add and a fill)."""
+    flag = tl.load(found_inf)
+    _add_to_step_counters(table, 1 - flag.to(tl.int64), ntensors, TBLOCK)
+    tl.store(skipped, tl.load(skipped) + flag.to(tl.int64))
+    tl.store(found_inf, flag * 0)
+
+

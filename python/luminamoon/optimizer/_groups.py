@@ -1,0 +1,137 @@
+"""optimizer/_groups.py: launch groups, the unit every backend works on, and the one bucketing
+of tensors into them.
+
+The optimizer and the functional ``tdclm`` both cut a step with :func:`group_tensors` into
+groups of tensors that share a device, the three storage dtypes, a DTensor sharding and every
+hyperparameter except ``lr``. A backend runs each group with one launch per pass
+(docs/internals.md for the flow and the kernel ABI).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+
+import torch
+
+from ..kernels.layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, LaunchFlags  # noqa: F401
+from ._dtensor import local_tensor, shard_layout
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """Hyperparameters of one launch group (lr is kept apart: it may change every step)."""
+
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    clip: float
+    bound_mode: int  # 0 none, 1 abs, 2 rel
+    bound: float
+    maximize: bool
+    nonfinite: str  # "skip" | "raise" | "propagate"
+    stochastic_rounding: bool
+
+    @property
+    def needs_pass1(self) -> bool:
+        """Pass 1 runs for the clip statistic or for the device-side skip decision."""
+        return self.clip > 0 or self.nonfinite == "skip"
+
+
+@dataclass
+class LaunchGroup:
+    """Tensors stepped together by one launch per pass.
+
+    Every list has one entry per tensor, in the optimizer's parameter order. Tensors are the
+    local storage (for a DTensor, its local shard), contiguous.
+    """
+
+    device: torch.device
+    param_dtype: torch.dtype
+    grad_dtype: torch.dtype
+    state_dtype: torch.dtype
+    hyper: Hyper
+    lr: Union[float, torch.Tensor]
+    seed: int  # 64-bit base seed of the rounding streams (0 <= seed < 2**64)
+    params: List[torch.Tensor]
+    grads: List[torch.Tensor]
+    exp_avgs: List[torch.Tensor]
+    exp_avg_sqs: List[torch.Tensor]
+    p_inits: Optional[List[torch.Tensor]]  # None when bound_mode == 0
+    steps: List[torch.Tensor]  # 0-dim int64 tensors on `device`: applied steps so far
+    param_indices: List[int]  # k of each tensor
+    elem_offsets: List[int]  # global flat index of each local first element (0 unsharded)
+    global_numels: List[int]  # element count of each whole tensor
+    # DTensor parameters (optimizer._dtensor): the mesh dimensions that shard every tensor of
+    # the group (S is summed over them) and every dimension of their mesh (the skip flag is
+    # combined over those); both sorted, empty for plain tensors.
+    reduce_dims: tuple = ()
+    mesh_dims: tuple = ()
+    # Filled by pass 1 (float32 [ntensors] on `device`): S_j = sum of u*u over tensor j.
+    stats: Optional[torch.Tensor] = None
+    # The data_ptr() of every param and grad when the caller vouches for them (the optimizer
+    # checks both on every step); None: a backend reads them itself.
+    param_ptrs: Optional[tuple] = None
+    grad_ptrs: Optional[tuple] = None
+    # Backend-private cache (device tables, compiled launchers...), keyed by the backend.
+    cache: Dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    @property
+    def flags(self) -> LaunchFlags:
+        """The normalised flags that pick this group's kernel variants."""
+        h = self.hyper
+        return LaunchFlags.normalised(self.param_dtype, self.state_dtype,
+                                      stochastic_rounding=h.stochastic_rounding,
+                                      bound_mode=h.bound_mode, clip=h.clip, nonfinite=h.nonfinite)
+
+
+class TensorRef(NamedTuple):
+    """One tensor of a step as its caller holds it (DTensors allowed): what group_tensors takes."""
+
+    param: torch.Tensor
+    grad: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    p_init: Optional[torch.Tensor]  # None unless bounded
+    step: torch.Tensor
+    index: int  # k, the parameter's index in the rounding streams
+    name: str  # how errors name it
+
+
+def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: torch.dtype,
+                  lr: Union[float, torch.Tensor], seed: int
+                  ) -> List[Tuple[LaunchGroup, List[torch.Tensor]]]:
+    """Buckets ``tensors`` (one set of hyperparameters) into launch groups, in order of first
+    appearance: one group per (device, param dtype, grad dtype, sharding). Returns each group
+    with the parameters it was built from (as given: DTensors stay DTensors), in order."""
+    buckets: Dict[tuple, Tuple[LaunchGroup, List[torch.Tensor]]] = {}
+    for t in tensors:
+        layout = shard_layout(t.param, t.name)
+        local = local_tensor(t.param)
+        key = (local.device, t.param.dtype, t.grad.dtype, layout.reduce_dims, layout.mesh_dims)
+        entry = buckets.get(key)
+        if entry is None:
+            group = LaunchGroup(
+                device=local.device, param_dtype=t.param.dtype, grad_dtype=t.grad.dtype,
+                state_dtype=state_dtype, hyper=hyper, lr=lr, seed=int(seed), params=[],
+                grads=[], exp_avgs=[], exp_avg_sqs=[],
+                p_inits=[] if hyper.bound_mode else None, steps=[], param_indices=[],
+                elem_offsets=[], global_numels=[], reduce_dims=layout.reduce_dims,
+                mesh_dims=layout.mesh_dims)
+            entry = buckets[key] = (group, [])
+        group, owners = entry
+        group.params.append(local)
+        group.grads.append(local_tensor(t.grad))
+        group.exp_avgs.append(local_tensor(t.exp_avg))
+        group.exp_avg_sqs.append(local_tensor(t.exp_avg_sq))
+        if hyper.bound_mode:
+            group.p_inits.append(local_tensor(t.p_init))
+        group.steps.append(t.step)
+        group.param_indices.append(int(t.index))
+        group.elem_offsets.append(layout.elem_offset)
+        group.global_numels.append(layout.global_numel)
+        owners.append(t.param)
+    return list(buckets.values())

@@ -1,0 +1,179 @@
+"""optimizer/_step.py: the flow of one step over launch groups (docs/internals.md, "One step").
+
+The optimizer and the functional ``tdclm`` both run a step through :func:`run_launch_groups`:
+the host check of nonfinite="raise", pass 1, the collectives of sharded groups, the skip
+decision across devices, pass 2, and the commits. Every backend call runs here, under its
+group's device context (backends do not enter it again). The skip flags are clear (zero) when
+a step starts and when it ends, also when it fails part-way; a skipped step is counted in one
+place, the last commit that reads each flag (``Backend.commit_last``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ._device import _get_device_context
+from ._groups import LaunchGroup
+from .backends.base import Backend
+
+__all__ = ["run_launch_groups"]
+
+
+def _raise_on_nonfinite(groups: Sequence[LaunchGroup], describe: Callable[[int], str]) -> None:
+    """nonfinite="raise": one host check per device, before anything changes. With DTensor
+    parameters every rank raises for the same parameter (the first offending one over all
+    ranks): a rank that raised alone would leave the others waiting in the step's collectives."""
+    by_device: Dict[torch.device, List[Tuple[int, torch.Tensor]]] = {}
+    for group in groups:
+        if group.hyper.nonfinite != "raise":
+            continue
+        for k, grad in zip(group.param_indices, group.grads):
+            by_device.setdefault(group.device, []).append((k, grad))
+    if not by_device:
+        return
+    bad: List[int] = []
+    for items in by_device.values():
+        finite = torch.stack([torch.isfinite(grad).all() for _, grad in items]).tolist()
+        bad.extend(k for (k, _), ok in zip(items, finite) if not ok)
+    dims = _step_mesh_dims(groups)
+    if dims:
+        import torch.distributed as dist
+
+        none = 2**62
+        first = torch.tensor([min(bad, default=none)], dtype=torch.int64, device=dims[0][1])
+        for mesh_dim, _ in dims:
+            dist.all_reduce(first, op=dist.ReduceOp.MIN, group=mesh_dim.group)
+        bad = [int(first.item())] if int(first.item()) != none else []
+    if bad:
+        k = min(bad)
+        raise FloatingPointError(
+            f"{describe(k)} has a non-finite gradient (nan or inf) and nonfinite='raise'; "
+            f"nothing was changed. Fix: find where the gradient overflows (lower the lr, scale "
+            f"the loss), or pass nonfinite='skip' to skip such steps on the device")
+
+
+def _step_mesh_dims(groups: Sequence[LaunchGroup]) -> List[Tuple[object, torch.device]]:
+    """Every mesh dimension of the step's sharded groups with the device its buffers live on,
+    in the canonical order (MeshDim's key: the same on every rank)."""
+    seen: Dict[object, torch.device] = {}
+    for group in groups:
+        for d in group.mesh_dims:
+            seen.setdefault(d, group.device)
+    return sorted(seen.items(), key=lambda item: item[0])
+
+
+def _all_reduce_shards(groups: Sequence[LaunchGroup], flags: Dict[torch.device, torch.Tensor]):
+    """The step's collectives, issued in one order on every rank: for each mesh dimension of the
+    step's DTensor parameters, in MeshDim order, one SUM all-reduce of one float32 buffer that
+    holds the S of every group sharded along that dimension (in group order, which is parameter
+    order) and, when some group skips, the skip flag as a count of ranks that saw a non-finite
+    gradient. After the last dimension every rank holds the same count, so every rank skips
+    the same steps; S is summed over exactly the dimensions that shard its tensor."""
+    import torch.distributed as dist
+
+    skipping = any(g.hyper.nonfinite == "skip" for g in groups)
+    for mesh_dim, device in _step_mesh_dims(groups):
+        owners = [g for g in groups if mesh_dim in g.reduce_dims and g.hyper.clip > 0
+                  and g.stats is not None]
+        flag = flags.get(device) if skipping else None
+        parts = [g.stats.to(torch.float32) for g in owners]
+        if flag is not None:
+            parts.append(flag.to(torch.float32).reshape(1))
+        if not parts:
+            continue
+        buf = torch.cat(parts)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=mesh_dim.group)
+        at = 0
+        for g in owners:
+            n = g.stats.numel()
+            g.stats.copy_(buf[at:at + n])
+            at += n
+        if flag is not None:
+            flag.copy_((buf[at] > 0).to(flag.dtype))
+
+
+def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend], *,
+                      flags: Dict[torch.device, torch.Tensor],
+                      scratch: Dict[torch.device, torch.Tensor],
+                      skipped: Optional[torch.Tensor] = None,
+                      describe: Callable[[int], str] = lambda k: f"parameter {k}",
+                      decision: Optional[torch.Tensor] = None) -> None:
+    """One step over ``groups``: raise check, pass 1, reduce, pass 2, commit.
+
+    ``flags``: per device, the int32 0-dim ``found_inf`` of the groups with nonfinite="skip",
+    zero on entry (created here when missing) and zero again on return. ``scratch``: per
+    device, the flag given to pass 1 of the other groups, whose non-finite gradients must not
+    skip anyone else's step. ``skipped``: an int64 0-dim counter, += the step's skip decision.
+    ``decision``: an int32 0-dim tensor that receives the skip decision (the functional form's
+    ``found_inf``); left alone when no group skips.
+    """
+    _raise_on_nonfinite(groups, describe)
+
+    def flag_for(group: LaunchGroup) -> torch.Tensor:
+        table = flags if group.hyper.nonfinite == "skip" else scratch
+        flag = table.get(group.device)
+        if flag is None:
+            flag = torch.zeros((), dtype=torch.int32, device=group.device)
+            table[group.device] = flag
+        return flag
+
+    skip_devices: List[torch.device] = []
+    for group in groups:
+        flag_for(group)
+        if group.hyper.nonfinite == "skip" and group.device not in skip_devices:
+            skip_devices.append(group.device)
+    # The scratch flag is written only by pass 1 of groups that do not skip; a step without
+    # such a group (e.g. the single-pass AdamW mode) leaves it alone: one launch less.
+    if any(g.hyper.needs_pass1 and g.hyper.nonfinite != "skip" for g in groups):
+        for flag in scratch.values():
+            flag.zero_()
+    try:
+        _launch_step(groups, backends, flags, skip_devices, flag_for, skipped, decision)
+    except BaseException:
+        for device in skip_devices:  # what the failed step raised must not skip the next one
+            flags[device].zero_()
+        raise
+
+
+def _launch_step(groups: Sequence[LaunchGroup], backends: Sequence[Backend],
+                 flags: Dict[torch.device, torch.Tensor], skip_devices: List[torch.device],
+                 flag_for: Callable[[LaunchGroup], torch.Tensor],
+                 skipped: Optional[torch.Tensor], decision: Optional[torch.Tensor]) -> None:
+    """Pass 1, the shard all-reduce, the cross-device skip decision, pass 2, then the commits:
+    on each skip device the last group that reads its flag commits through ``commit_last``,
+    which clears the flag and, on the counter's device, counts the decision into ``skipped``."""
+    # Pass 1 (statistics, non-finite flag).
+    for group, backend in zip(groups, backends):
+        group.stats = None
+        if group.hyper.needs_pass1:
+            with _get_device_context(group.device):
+                backend.pass1(group, flag_for(group))
+    if any(group.mesh_dims for group in groups):
+        _all_reduce_shards(groups, flags)
+    # One skip decision for the whole step: the flags of every device combined (max) before
+    # any pass 2 runs; cross-device copies, no host synchronisation.
+    home = None
+    if skip_devices:
+        home = (skipped.device if skipped is not None and skipped.device in skip_devices
+                else skip_devices[0])
+    if len(skip_devices) > 1:
+        combined = torch.stack([flags[d].to(home, non_blocking=True) for d in skip_devices]).amax()
+        for device in skip_devices:
+            flags[device].copy_(combined, non_blocking=True)
+    if decision is not None and home is not None:
+        decision.copy_(flags[home], non_blocking=True)
+    # Pass 2 (the update), then commit (step counters).
+    for group, backend in zip(groups, backends):
+        with _get_device_context(group.device):
+            backend.pass2(group, flag_for(group))
+    last = {g.device: i for i, g in enumerate(groups) if g.hyper.nonfinite == "skip"}
+    for i, (group, backend) in enumerate(zip(groups, backends)):
+        with _get_device_context(group.device):
+            if last.get(group.device) == i:
+                backend.commit_last(group, flag_for(group),
+                                    skipped if group.device == home else None)
+            else:
+                backend.commit(group, flag_for(group))
+
+
