@@ -214,7 +214,10 @@ def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: f
 
     # 1. the suite
     junit = work / f"torch-{pair.torch}.xml"
-    test_env = dict(env, LUMINAMOON_REQUIRE_NATIVE="1")
+    # its own Triton cache: compiled kernels of other releases (other pairs, the main suite)
+    # never meet this one's
+    test_env = dict(env, LUMINAMOON_REQUIRE_NATIVE="1",
+                    TRITON_CACHE_DIR=str(work / f"triton-cache-{pair.torch}"))
     test_env.pop("TRITON_INTERPRET", None)
     rc = _run([py, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--rootdir", ROOT,
                "-c", ROOT / "pyproject.toml", f"--junitxml={junit}", "."],
@@ -248,7 +251,7 @@ def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: f
             cli[0] = [py, "-m", "luminamoon", "aot", "build", "--arch", "80,90", "--out",
                       bundle, "--jobs", "2", "--quiet"]
         for cmd in cli:
-            rc = _run(cmd, timeout=deadline - time.monotonic(), env=env, log=log, cwd=work)
+            rc = _run(cmd, timeout=deadline - time.monotonic(), env=test_env, log=log, cwd=work)
             if rc != 0:
                 res.status = "timeout" if rc is None else "failed"
                 res.detail = f"{Path(str(cmd[0])).name} {' '.join(map(str, cmd[1:4]))}: " \
@@ -268,6 +271,7 @@ def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: f
     if res.status == "not run":
         res.status = "ok"
     shutil.rmtree(venv, ignore_errors=True)
+    shutil.rmtree(work / f"triton-cache-{pair.torch}", ignore_errors=True)
     res.seconds = time.monotonic() - t0
     return res
 

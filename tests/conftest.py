@@ -64,6 +64,67 @@ requires_compiled_triton = [
 ]
 
 
+def native_available() -> bool:
+    """Whether the compiled module luminamoon._luminav imports (the cpu and aot backends)."""
+    try:
+        import luminamoon._luminav  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def should_skip(backend: str, device: str) -> "str | None":
+    """The one place a row of the backend matrix (test_backends.py) is excluded: the reason,
+    or None when the row runs here. Each rule in order:"""
+    # 1. a device this machine lacks
+    if device == "cuda" and not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    # 2. where each backend runs
+    if backend == "cpu" and device != "cpu":
+        return "the cpu backend steps CPU tensors only"
+    if backend == "aot" and device != "cuda":
+        return "the aot backend launches CUDA kernels only"
+    # 3. Triton: installed; on CPU tensors only in its interpreter, which is decided per
+    #    process (the rows then run in test_triton_kernels.py's child process); compiled
+    #    kernels on CUDA only without it
+    if backend in ("triton", "aot") and not triton_available():
+        return SKIP_NO_TRITON_REASON
+    if backend == "triton" and device == "cpu" and not triton_interpreted():
+        return ("Triton runs CPU tensors only in its interpreter: these rows run in the child "
+                "process of test_triton_kernels.py")
+    if device == "cuda" and triton_interpreted():
+        return "TRITON_INTERPRET=1: nothing compiles for CUDA in this session"
+    # 4. the compiled module
+    if backend in ("cpu", "aot") and not native_available():
+        return "the native module luminamoon._luminav is not built"
+    return None
+
+
+@pytest.fixture(scope="session")
+def aot_bundle(tmp_path_factory) -> str:
+    """A bundle of every default variant for this session's GPU: LUMINAMOON_TEST_BUNDLE when
+    it names one that holds them all for this arch, else built once (needs Triton)."""
+    from luminamoon.aot.builder import build_bundle
+    from luminamoon.aot.manifest import read_manifest, runs_on
+    from luminamoon.kernels import catalog
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = major * 10 + minor
+    wanted = {v.key() for v in catalog.all_variants()}
+    given = os.environ.get("LUMINAMOON_TEST_BUNDLE")
+    if given:
+        try:
+            keys = {e["key"] for e in read_manifest(given)["kernels"]
+                    if runs_on(e["target"]["arch"], arch)}
+            if keys >= wanted:
+                return given
+        except (ValueError, OSError):  # not a readable bundle: build one
+            pass
+    out = tmp_path_factory.mktemp("aot_bundle")
+    build_bundle(out, archs=[arch], jobs=max(1, min(8, os.cpu_count() or 1)), progress=False)
+    return str(out)
+
+
 def dtensor_api():
     """(DTensor, Shard, Replicate, distribute_tensor): torch.distributed.tensor from torch 2.5,
     torch.distributed._tensor before (2.4)."""

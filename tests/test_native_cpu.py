@@ -7,7 +7,8 @@ import itertools
 import pytest
 import torch
 
-from conftest import ODD_SHAPES, SHAPE_IDS, TOLERANCES, dtype_id
+from cases import CASES, compare_with_reference
+from conftest import ODD_SHAPES, SHAPE_IDS, TOLERANCES
 
 _luminav = pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
 
@@ -17,21 +18,6 @@ from luminamoon.optimizer._groups import DTYPE_CODES, Hyper, LaunchGroup  # noqa
 from luminamoon.optimizer.backends.native import CpuBackend  # noqa: E402
 
 pytestmark = pytest.mark.native
-
-# (param dtype, state dtype): the storage combos of the spec's matrix (grads share the param dtype).
-COMBOS = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
-          (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32)]
-COMBO_IDS = [f"p{dtype_id(p)}-s{dtype_id(s)}" for p, s in COMBOS]
-
-CASES = [
-    dict(clip=0.0, bound_mode="none", maximize=False, nonfinite="propagate"),  # AdamW
-    dict(clip=4.0, bound_mode="none", maximize=False, nonfinite="skip"),
-    dict(clip=0.5, bound_mode="abs", bound=0.01, maximize=True, nonfinite="skip"),
-    dict(clip=1.0, bound_mode="rel", bound=0.02, maximize=False, nonfinite="raise"),
-    dict(clip=0.0, bound_mode="rel", bound=0.05, maximize=False, nonfinite="skip"),
-]
-CASE_IDS = ["adamw", "clip", "clip-abs-max", "clip-rel-raise", "rel-skip"]
-
 
 def _make_params(shapes, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
@@ -64,30 +50,12 @@ def _compare(ours, ref, dtype, min_equal):
 # the spec's order, so the engine and the reference store the same bits (see also
 # test_engine_cpu.cpp, AdamWModeIsBitwiseTheScalarSpec).
 EQUAL_NO_CLIP = 1.0
-# With clip > 0, S is summed in another order, so tau (hence every clipped u) moves by ulps.
-EQUAL_CLIP = 0.9
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("combo", COMBOS, ids=COMBO_IDS)
-def test_cpu_engine_matches_reference(combo, case):
-    pdtype, sdtype = combo
-    shapes = [s for s in ODD_SHAPES] + [(3000,), (64, 65)]
-    params = _make_params(shapes, pdtype, 0)
-    gen = torch.Generator().manual_seed(1)
-    steps = [[torch.randn(s, generator=gen).to(pdtype) for s in shapes] for _ in range(3)]
-    ours, opt = _run("cpu", params, steps, case, sdtype)
-    ref, ref_opt = _run("reference", params, steps, case, sdtype)
-    # With clip == 0 every operation is a correctly rounded float32 one in the same order: the
-    # same bits. With clip > 0, S is summed in another order, so tau differs by float32 ulps.
-    min_equal = EQUAL_NO_CLIP if case["clip"] == 0.0 else EQUAL_CLIP
-    if case["clip"] > 0 and pdtype == torch.float32:
-        min_equal = 0.0  # float32 storage keeps every ulp of tau's difference: the tolerance decides
-    _compare(ours, ref, pdtype, min_equal)
-    for p, q in zip(opt.param_groups[0]["params"], ref_opt.param_groups[0]["params"]):
-        st, rst = opt.state[p], ref_opt.state[q]
-        assert int(st["step"]) == int(rst["step"]) == 3
-        _compare([st["exp_avg"]], [rst["exp_avg"]], sdtype, min_equal)
+@pytest.mark.parametrize("case", [c for c in CASES if c.clip == 0], ids=lambda c: c.id)
+def test_cpu_engine_is_bitwise_the_reference_without_clip(case):
+    """(The backend matrix, test_backends.py, checks every case within the spec's tolerance.)"""
+    compare_with_reference(CpuBackend(), case, "cpu", bitwise=True)
 
 
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=SHAPE_IDS)

@@ -35,7 +35,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from conftest import bits, launch_flags, requires_triton, triton_available  # noqa: E402
-from test_gpu_triton import (BF16, F16, F32, Case, assert_groups_close,  # noqa: E402
+from cases import (BF16, F16, F32, Case, assert_groups_close,  # noqa: E402
                              assert_unchanged, clone_group, compare_with_reference, copy_state,
                              make_group, new_grads, run_step, snapshot)
 
@@ -75,50 +75,12 @@ def test_interpreted_suite_in_child_process():
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(root, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         os.path.abspath(__file__)],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "triton",
+         os.path.abspath(__file__),  # and the triton rows of the backend matrix
+         os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_backends.py")],
         cwd=root, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, ("interpreted kernel tests failed in the child process:\n"
                                   + proc.stdout[-8000:] + proc.stderr[-4000:])
-
-
-# ------------------------------------------------------------------------------------------
-# The step against the reference: the matrix
-# ------------------------------------------------------------------------------------------
-FULL_BLOCK = ((2100,),)  # one full block of 2048 and a tail: both code paths of a pass
-CASES = [
-    # AdamW-equivalent single pass
-    Case(F32, F32, F32),
-    Case(F32, F32, F32, shapes=FULL_BLOCK + ((3, 5, 7), (1,)), steps=3),
-    # clip + skip + rel bound + maximize
-    Case(F32, F32, F32, clip=1.0, bound_mode=2, nonfinite="skip", maximize=True, steps=3),
-    # pass 1 without the sum (clip 0, skip) and the abs bound
-    Case(F32, F32, F32, clip=0.0, bound_mode=1, nonfinite="skip"),
-    Case(BF16, BF16, F32, clip=1.0, bound_mode=2, nonfinite="skip", shapes=FULL_BLOCK
-         + ((7,), (131,))),
-    Case(BF16, BF16, F32, clip=0.0, bound_mode=0, nonfinite="propagate"),
-    Case(BF16, BF16, BF16, clip=1.0, nonfinite="skip", steps=3),
-    Case(BF16, BF16, BF16, sr=False),
-    Case(BF16, BF16, BF16, clip=0.5, bound_mode=1, sr=False, nonfinite="raise"),
-    Case(F16, F16, F32, clip=0.5, nonfinite="raise"),
-    Case(F16, F16, F32, bound_mode=2),
-    Case(BF16, F32, F32, bound_mode=1, lr="tensor64"),
-    Case(F32, BF16, BF16, clip=2.0, bound_mode=2, lr="tensor"),
-    Case(F16, F32, BF16, clip=1.0, nonfinite="skip", maximize=True),
-    # a sharded layout: global indices past 2**32 (the counter's high word) and n_global > n
-    Case(BF16, BF16, BF16, clip=1.0, shapes=((131,), (1000,), (7,)),
-         offsets=(5, 2 ** 32 - 3, 2 ** 33 + 1)),
-    # many tensors in one group
-    Case(BF16, BF16, F32, clip=1.0, nonfinite="skip",
-         shapes=tuple((1 + (37 * j) % 300,) for j in range(40)), steps=2),
-    Case(F32, F32, F32, shapes=tuple((j % 5, 3) for j in range(40)), steps=2),
-]
-
-
-@in_process
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_step_matches_reference(case):
-    compare_with_reference(TritonBackend(), case, "cpu")
 
 
 # ------------------------------------------------------------------------------------------
