@@ -623,10 +623,11 @@ def test_cli_build_real_kernels_one_combo(tmp_path, capsys):
     assert cli.main(["verify", str(out)]) == 0
 
 
-def test_parallel_build_workers_are_not_forked_and_find_the_kernels():
+def test_parallel_build_workers_are_fresh_processes_that_find_the_kernels(tmp_path):
     """A process that has compiled a kernel holds LLVM's threads: a forked worker of it hangs or
-    dies on Triton 3.0/3.1. Workers start fresh and import each kernel by name."""
-    assert builder._start_method() in ("forkserver", "spawn")
+    dies on Triton 3.0/3.1. Workers are fresh interpreters (``python -m
+    luminamoon.aot._worker``) that import each kernel by name, from a script without a main
+    guard too."""
     assert builder._fn_ref(_aot_toy_kernel) == (_aot_toy_kernel.fn.__module__, "_aot_toy_kernel")
 
     @triton.jit
@@ -634,3 +635,25 @@ def test_parallel_build_workers_are_not_forked_and_find_the_kernels():
         tl.store(x_ptr, 0.0)
 
     assert builder._fn_ref(local_kernel) is None
+    # a script that compiles in-process first, then builds with two workers, unguarded
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import torch\n"
+        "from luminamoon.aot import builder\n"
+        "from luminamoon.kernels import catalog\n"
+        "vs = catalog.all_variants([(torch.float32, torch.float32, torch.float32)])[:3]\n"
+        f"builder.build_bundle({str(tmp_path / 'a')!r}, archs=(90,), variants=vs, jobs=1,"
+        " progress=False)\n"
+        f"m = builder.build_bundle({str(tmp_path / 'b')!r}, archs=(90,), variants=vs, jobs=2,"
+        " progress=False)\n"
+        "print(len(m['kernels']))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "3"
+    a = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    b = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert [e["sha256"] for e in a["kernels"]] == [e["sha256"] for e in b["kernels"]]

@@ -125,6 +125,6 @@ def test_load_rejects_a_state_dict_of_another_model():
     gen = torch.Generator().manual_seed(0)
     wrong = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(42, 6), (131,), (1,)]]
     opt2 = _opt(wrong, {})
-    with pytest.raises(ValueError, match=r"'exp_avg' for parameter 0 .* has shape \(6, 42\)"):
+    with pytest.raises(ValueError, match=r"'exp_avg' for parameter 0 has shape \(6, 42\)"):
         opt2.load_state_dict(sd)
     assert len(opt2.state) == 0

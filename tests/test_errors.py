@@ -15,8 +15,8 @@ BAD_HYPERPARAMETERS = [
     (dict(lr=-1e-3), ValueError, r"lr must be >= 0, got -0\.001"),
     (dict(lr=float("nan")), ValueError, r"lr must be finite, got nan"),
     (dict(lr="0.1"), ValueError, r"lr must be a real number, got '0\.1'"),
-    (dict(lr=torch.tensor([1e-3, 2e-3])), ValueError, r"lr as a tensor must be a 0-dim floating-point tensor, got shape \(2,\)"),
-    (dict(lr=torch.tensor(1)), ValueError, r"lr as a tensor must be a 0-dim floating-point tensor.*torch\.int64"),
+    (dict(lr=torch.tensor([1e-3, 2e-3])), ValueError, r"lr as a tensor must have one floating-point element, got shape \(2,\)"),
+    (dict(lr=torch.tensor(1)), ValueError, r"lr as a tensor must have one floating-point element.*torch\.int64"),
     (dict(betas=(1.0, 0.999)), ValueError, r"betas\[0\] must be in \[0, 1\), got 1\.0"),
     (dict(betas=(0.9, -0.1)), ValueError, r"betas\[1\] must be in \[0, 1\), got -0\.1"),
     (dict(betas=(0.9, 0.99999999999)), ValueError, r"betas\[1\] rounds to 1\.0 in float32"),
@@ -89,9 +89,40 @@ def test_non_floating_parameters_are_refused():
         LuminaMoon([torch.nn.Parameter(torch.ones(2)), torch.zeros(2, dtype=torch.int64)])
 
 
-def test_a_tensor_instead_of_an_iterable():
-    with pytest.raises(TypeError, match=r"pass \[tensor\] or model\.parameters\(\)"):
-        LuminaMoon(torch.nn.Parameter(torch.ones(2)))
+def _torch_error(fn):
+    """The exception torch.optim.AdamW raises for the same input: LuminaMoon raises the same."""
+    try:
+        fn(torch.optim.AdamW)
+    except Exception as exc:  # noqa: BLE001
+        return type(exc), str(exc)
+    raise AssertionError("torch.optim.AdamW accepted it")
+
+
+@pytest.mark.parametrize("make", [
+    lambda cls: cls(torch.nn.Parameter(torch.ones(2))),  # a tensor instead of an iterable
+    lambda cls: cls([]),  # nothing to optimize
+    lambda cls: cls([torch.ones(2, requires_grad=True) * 2]),  # a non-leaf tensor
+    lambda cls: cls([{"params": {torch.nn.Parameter(torch.ones(2))}}]),  # a set
+    lambda cls: cls(["not a tensor"]),
+], ids=["tensor", "empty", "non-leaf", "set", "not-a-tensor"])
+def test_generic_errors_are_torchs_own(make):
+    kind, message = _torch_error(make)
+    with pytest.raises(kind) as info:
+        make(LuminaMoon)
+    assert str(info.value) == message
+
+
+def test_a_parameter_in_two_groups_is_torchs_error():
+    p = torch.nn.Parameter(torch.ones(2))
+    kind, message = _torch_error(lambda cls: cls([{"params": [p]}, {"params": [p]}]))
+    with pytest.raises(kind, match=message):
+        LuminaMoon([{"params": [p]}, {"params": [p]}])
+
+
+def test_the_same_tensor_twice_in_one_group_is_refused():
+    p = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(ValueError, match=r"param group 0 holds the same tensor more than once"):
+        LuminaMoon([p, p])
 
 
 def test_sparse_gradient_refused_before_any_change():

@@ -360,16 +360,34 @@ def test_a_step_failing_part_way_does_not_skip_the_next():
     assert int(opt.state[p]["step"]) == 2 and int(opt.skipped_steps) == 1
 
 
-def test_an_lr_tensor_of_another_shape_set_between_steps_is_refused_before_any_change():
+def test_an_lr_tensor_of_two_elements_set_between_steps_is_refused_before_any_change():
     p = torch.nn.Parameter(torch.ones(4))
     p.grad = torch.full((4,), 0.5)
     opt = LuminaMoon([p], backend="reference", lr=torch.tensor(1e-2))
     opt.step()
     before = p.detach().clone()
-    opt.param_groups[0]["lr"] = torch.tensor([1e-2])  # one element, but not 0-dim
-    with pytest.raises(ValueError, match=r"lr \(param group 0\) as a tensor must be a 0-dim"):
+    opt.param_groups[0]["lr"] = torch.tensor([1e-2, 1e-2])
+    with pytest.raises(ValueError, match=r"lr \(param group 0\) as a tensor must have one "
+                                         r"floating-point element, got shape \(2,\)"):
         opt.step()
     assert torch.equal(p.detach(), before) and int(opt.state[p]["step"]) == 1
     opt.param_groups[0]["lr"] = torch.tensor(1e-2)
     opt.step()
     assert int(opt.state[p]["step"]) == 2
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_an_lr_tensor_of_one_element_in_any_shape_steps_as_the_float(backend):
+    """torch.optim takes any one-element tensor as lr (torch.tensor([1e-3]) included)."""
+    if backend == "cpu":
+        pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+    results = []
+    for lr in (1e-2, torch.tensor(1e-2), torch.tensor([1e-2]), torch.tensor([[1e-2]])):
+        p = torch.nn.Parameter(torch.linspace(-1, 1, 37))
+        opt = LuminaMoon([p], backend=backend, lr=lr, seed=3)
+        for k in range(3):
+            p.grad = torch.sin(torch.arange(37.0) + k)
+            opt.step()
+        results.append(p.detach().clone())
+    for r in results[1:]:
+        assert torch.equal(r, results[0])

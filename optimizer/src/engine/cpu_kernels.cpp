@@ -406,11 +406,13 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
         const float* __restrict p0 = tile.p0;
         // 5. soft clip (pass 2 only)
         if (use_clip) {
-          if (tau > 0) {
+          // tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads with nonfinite
+          // "propagate") gives NaN, as the kernels and the reference do
+          if (tau == 0.0f) {
+            for (int i = 0; i < nt; ++i) u[i] = 0.0f;
+          } else {
             const float rtau = 1.0f / tau;
             for (int i = 0; i < nt; ++i) u[i] = tau * std::tanh(u[i] * rtau);
-          } else {
-            for (int i = 0; i < nt; ++i) u[i] = 0.0f;
           }
         }
         // 6. decoupled decay and step

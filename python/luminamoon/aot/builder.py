@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import multiprocessing
 import os
+import pickle
+import queue
+import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -262,12 +265,53 @@ def _fn_ref(fn: Any) -> Optional[Tuple[str, str]]:
     return (module, name) if found is fn else None
 
 
-def _start_method() -> str:
-    """How parallel builds start their workers: never by fork. A process that has compiled a
-    kernel holds LLVM's thread pool, and a forked copy of it deadlocks or dies in
-    pthread_join (seen with Triton 3.0 and 3.1); a forkserver (or spawned) worker starts
-    from a fresh interpreter and imports the kernels itself."""
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+def _run_workers(items: List[Any], jobs: int, finish) -> None:
+    """Compiles ``items`` in ``jobs`` fresh worker processes (aot/_worker.py), calling
+    ``finish(index, entry, cubin)`` here as each result arrives; raises BuildError for the first
+    item a worker could not compile, or a worker that died."""
+    env = dict(os.environ)
+    # the worker imports what this process imports, from the same places
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    chunks = [items[i::jobs] for i in range(jobs)]
+    procs = [subprocess.Popen([sys.executable, "-m", "luminamoon.aot._worker"], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+             for chunk in chunks if chunk]
+    results: "queue.Queue[Any]" = queue.Queue()
+
+    def read(proc):
+        try:
+            while True:
+                results.put(pickle.load(proc.stdout))
+        except EOFError:
+            pass
+        finally:
+            results.put(proc)
+
+    threads = []
+    try:
+        for proc, chunk in zip(procs, (c for c in chunks if c)):
+            proc.stdin.write(pickle.dumps(chunk))
+            proc.stdin.close()
+            threads.append(threading.Thread(target=read, args=(proc,), daemon=True))
+            threads[-1].start()
+        running = len(procs)
+        while running:
+            got = results.get()
+            if isinstance(got, subprocess.Popen):
+                running -= 1
+                if got.wait() != 0:
+                    raise BuildError(f"a build worker exited with status {got.returncode} (its "
+                                     "error is above); run with jobs=1 to see it in-process")
+                continue
+            index, entry, cubin = got
+            if entry is None:
+                raise BuildError(cubin)
+            finish(index, entry, cubin)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
 def _compile_in_worker(item: Tuple[int, Tuple[str, str], CompilePlan, Any, int, str]
@@ -288,7 +332,7 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
     ``variants`` defaults to ``kernels.catalog.all_variants(dtype_combos)`` (every default dtype
     combination when ``dtype_combos`` is None); ``specs`` (kernel name -> ``KernelSpec``)
     defaults to ``kernels.catalog.KERNEL_SPECS``. ``jobs`` > 1 compiles in that many worker
-    processes, each a fresh interpreter (:func:`_start_method`); kernels a worker cannot
+    processes, each a fresh interpreter (:func:`_run_workers`); kernels a worker cannot
     import by name are compiled here, one after the other.
     """
     archs = _check_archs(archs)
@@ -345,10 +389,7 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
         if parallel:
             items = [(i, refs[plan.kernel], dataclasses.replace(plan, fn=None), v, a, api)
                      for i, (plan, v, a) in enumerate(work)]
-            ctx = multiprocessing.get_context(_start_method())
-            with ctx.Pool(processes=min(jobs, len(work))) as pool:
-                for index, entry, cubin in pool.imap_unordered(_compile_in_worker, items):
-                    finish(index, entry, cubin)
+            _run_workers(items, min(jobs, len(work)), finish)
         else:
             for index, (plan, v, a) in enumerate(work):
                 entry, cubin = compile_variant(plan, v, a, api)

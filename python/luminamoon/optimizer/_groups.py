@@ -15,6 +15,7 @@ import torch
 
 from ..kernels.layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, LaunchFlags  # noqa: F401
 from ._dtensor import local_tensor, shard_layout
+from .layout import DIRECT, FLAT, STAGED, flat_view, layout_mode
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,12 @@ class LaunchGroup:
     grad_ptrs: Optional[tuple] = None
     # Backend-private cache (device tables, compiled launchers...), keyed by the backend.
     cache: Dict[str, Any] = field(default_factory=dict)
+    # Tensors whose memory is not a plain contiguous run (layout.py): None when there is
+    # none; else each tensor's mode ("direct", "flat" or "staged"), and the copies a step
+    # makes before its launches (user tensor -> contiguous buffer) and after them (back).
+    modes: Optional[Tuple[str, ...]] = None
+    stage_in: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    stage_out: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.params)
@@ -106,7 +113,11 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
                   ) -> List[Tuple[LaunchGroup, List[torch.Tensor]]]:
     """Buckets ``tensors`` (one set of hyperparameters) into launch groups, in order of first
     appearance: one group per (device, param dtype, grad dtype, sharding). Returns each group
-    with the parameters it was built from (as given: DTensors stay DTensors), in order."""
+    with the parameters it was built from (as given: DTensors stay DTensors), in order.
+
+    Every tensor a group hands its backend is contiguous: a tensor of another layout enters as
+    a flat view of its memory or, where that would change the result, as a contiguous buffer
+    the step fills and writes back (optimizer/layout.py)."""
     buckets: Dict[tuple, Tuple[LaunchGroup, List[torch.Tensor]]] = {}
     for t in tensors:
         layout = shard_layout(t.param, t.name)
@@ -123,15 +134,66 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
                 mesh_dims=layout.mesh_dims)
             entry = buckets[key] = (group, [])
         group, owners = entry
-        group.params.append(local)
-        group.grads.append(local_tensor(t.grad))
-        group.exp_avgs.append(local_tensor(t.exp_avg))
-        group.exp_avg_sqs.append(local_tensor(t.exp_avg_sq))
+        tensors_of = [local, local_tensor(t.grad), local_tensor(t.exp_avg),
+                      local_tensor(t.exp_avg_sq)]
         if hyper.bound_mode:
-            group.p_inits.append(local_tensor(t.p_init))
+            tensors_of.append(local_tensor(t.p_init))
+        mode = layout_mode(tensors_of, sr=group.flags.sr)
+        if mode != DIRECT and group.modes is None:
+            group.modes = (DIRECT,) * len(group.params)
+        if group.modes is not None:
+            group.modes = group.modes + (mode,)
+        views = _launch_tensors(group, tensors_of, mode)
+        group.params.append(views[0])
+        group.grads.append(views[1])
+        group.exp_avgs.append(views[2])
+        group.exp_avg_sqs.append(views[3])
+        if hyper.bound_mode:
+            group.p_inits.append(views[4])
         group.steps.append(t.step)
         group.param_indices.append(int(t.index))
         group.elem_offsets.append(layout.elem_offset)
         group.global_numels.append(layout.global_numel)
         owners.append(t.param)
     return list(buckets.values())
+
+
+def _launch_tensors(group: LaunchGroup, tensors: List[torch.Tensor], mode: str
+                    ) -> List[torch.Tensor]:
+    """What the backend sees of one tensor's (param, grad, exp_avg, exp_avg_sq[, p_init])."""
+    if mode == DIRECT:
+        return tensors
+    if mode == FLAT:
+        return [flat_view(t) for t in tensors]
+    out = []
+    for i, t in enumerate(tensors):
+        if t.is_contiguous():
+            out.append(t)
+            continue
+        buf = t.contiguous()  # a copy, filled again at every step (stage_in)
+        out.append(buf)
+        if i != 1:  # the grad is handed anew each step (launch_grads)
+            group.stage_in.append((t, buf))
+        if i in (0, 2, 3):  # param and moments come back; p_init and the grad are only read
+            group.stage_out.append((buf, t))
+    return out
+
+
+def launch_grads(group: LaunchGroup, grads: List[torch.Tensor],
+                 owners: List[torch.Tensor]) -> Optional[List[torch.Tensor]]:
+    """This step's gradients (local tensors) as ``group``'s backend sees them, where
+    ``group.modes`` is set: flat views, or contiguous copies for staged tensors. None when a
+    gradient no longer has the layout its mode was chosen for (the plan is then rebuilt)."""
+    out = []
+    for mode, g, p in zip(group.modes, grads, owners):
+        if mode == DIRECT:
+            if not g.is_contiguous():
+                return None
+            out.append(g)
+        elif mode == FLAT:
+            if g.stride() != local_tensor(p).stride():
+                return None
+            out.append(flat_view(g))
+        else:
+            out.append(g.contiguous())
+    return out

@@ -6,9 +6,17 @@ decision across devices, pass 2, and the commits. Every backend call runs here, 
 group's device context (backends do not enter it again). The skip flags are clear (zero) when
 a step starts and when it ends, also when it fails part-way; a skipped step is counted in one
 place, the last commit that reads each flag (``Backend.commit_last``).
+
+A tensor's update and its step counter are issued together: each group's pass 2 is followed
+by its commit, and a KeyboardInterrupt that arrives from the first pass 2 on is held until
+the last commit has been issued, so an interrupted step is either not begun or whole (pass 1
+changes nothing a retry would see twice).
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -143,12 +151,27 @@ def _launch_step(groups: Sequence[LaunchGroup], backends: Sequence[Backend],
     """Pass 1, the shard all-reduce, the cross-device skip decision, pass 2, then the commits:
     on each skip device the last group that reads its flag commits through ``commit_last``,
     which clears the flag and, on the counter's device, counts the decision into ``skipped``."""
-    # Pass 1 (statistics, non-finite flag).
+    # Staged tensors into their contiguous buffers, then pass 1 (statistics, non-finite flag).
+    for group in groups:
+        if group.stage_in:
+            with _get_device_context(group.device):
+                for src, dst in group.stage_in:
+                    dst.copy_(src)
     for group, backend in zip(groups, backends):
         group.stats = None
         if group.hyper.needs_pass1:
             with _get_device_context(group.device):
                 backend.pass1(group, flag_for(group))
+    # A learning rate in device memory that is not finite and >= 0 skips the step (groups with
+    # nonfinite="skip"; an lr on the host was checked before the step began).
+    for group in groups:
+        lr = group.lr
+        if (group.hyper.nonfinite == "skip" and isinstance(lr, torch.Tensor)
+                and lr.device.type != "cpu"):
+            with _get_device_context(group.device):
+                flag = flag_for(group)
+                bad = ~(torch.isfinite(lr) & (lr >= 0)).reshape(())
+                flag.copy_(torch.maximum(flag, bad.to(device=flag.device, dtype=flag.dtype)))
     if any(group.mesh_dims for group in groups):
         _all_reduce_shards(groups, flags)
     # One skip decision for the whole step: the flags of every device combined (max) before
@@ -163,17 +186,41 @@ def _launch_step(groups: Sequence[LaunchGroup], backends: Sequence[Backend],
             flags[device].copy_(combined, non_blocking=True)
     if decision is not None and home is not None:
         decision.copy_(flags[home], non_blocking=True)
-    # Pass 2 (the update), then commit (step counters).
-    for group, backend in zip(groups, backends):
-        with _get_device_context(group.device):
-            backend.pass2(group, flag_for(group))
+    # Pass 2 (the update) and commit (step counters), group by group; then the staged
+    # tensors' results back where their owners hold them.
     last = {g.device: i for i, g in enumerate(groups) if g.hyper.nonfinite == "skip"}
-    for i, (group, backend) in enumerate(zip(groups, backends)):
-        with _get_device_context(group.device):
-            if last.get(group.device) == i:
-                backend.commit_last(group, flag_for(group),
-                                    skipped if group.device == home else None)
-            else:
-                backend.commit(group, flag_for(group))
+    with _interrupts_held():
+        for i, (group, backend) in enumerate(zip(groups, backends)):
+            with _get_device_context(group.device):
+                backend.pass2(group, flag_for(group))
+                if last.get(group.device) == i:
+                    backend.commit_last(group, flag_for(group),
+                                        skipped if group.device == home else None)
+                else:
+                    backend.commit(group, flag_for(group))
+                for src, dst in group.stage_out:
+                    dst.copy_(src)
 
 
+@contextlib.contextmanager
+def _interrupts_held():
+    """Holds SIGINT (KeyboardInterrupt) until the block has run, then delivers it; in the main
+    thread only (where Python delivers signals), and where the handler can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    except (ValueError, OSError):  # not settable here (an embedded interpreter)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, received[0])
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt

@@ -17,8 +17,9 @@ HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "clip", "bound_mode", "bound
 
 
 def f32(x: float) -> float:
-    """``x`` rounded once to float32, as a Python float."""
-    return float(np.float32(x))
+    """``x`` rounded once to float32, as a Python float (inf where float32 overflows)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
 
 
 def _is_real(x: Any) -> bool:
@@ -26,13 +27,17 @@ def _is_real(x: Any) -> bool:
 
 
 def _real(name: str, value: Any, where: str) -> float:
-    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point():
+    """A real hyperparameter as a float, finite both as given and as the float32 the kernels use
+    (1e39 is a finite double but inf in float32)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
         value = value.item()
     if not _is_real(value):
         raise ValueError(f"{name}{where} must be a real number, got {value!r}")
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name}{where} must be finite, got {value!r}")
+    if not math.isfinite(f32(value)):
+        raise ValueError(f"{name}{where} must be finite in float32 (|x| < 3.4e38), got {value!r}")
     return value
 
 
@@ -42,12 +47,15 @@ def _flag(name: str, value: Any, where: str) -> None:
 
 
 def validate_lr(lr: Any, where: str = "") -> None:
+    """lr: a real >= 0, or a one-element floating-point tensor (as torch.optim takes). A tensor
+    outside host memory is not read here (no synchronisation): its value is checked on the
+    device by the step (optimizer/_step.py)."""
     if isinstance(lr, torch.Tensor):
-        if lr.dim() != 0 or not lr.is_floating_point():
+        if lr.numel() != 1 or not lr.is_floating_point():
             raise ValueError(
-                f"lr{where} as a tensor must be a 0-dim floating-point tensor, got shape "
+                f"lr{where} as a tensor must have one floating-point element, got shape "
                 f"{tuple(lr.shape)} and dtype {lr.dtype}; use e.g. torch.tensor(1e-3)")
-        if lr.device.type == "meta":
+        if lr.device.type != "cpu":
             return
     value = _real("lr", lr, where)
     if value < 0:
@@ -55,7 +63,12 @@ def validate_lr(lr: Any, where: str = "") -> None:
 
 
 def validate_hyperparameters(group: Mapping[str, Any], where: str = "") -> None:
-    """Raise ValueError naming the first invalid hyperparameter of ``group``."""
+    """Raise ValueError naming the first missing or invalid hyperparameter of ``group``."""
+    for key in HYPER_KEYS:
+        if key not in group:
+            raise ValueError(f"param group{where} has no {key!r}; every LuminaMoon param group "
+                             f"holds {', '.join(HYPER_KEYS)} (the constructor's defaults fill in "
+                             f"what a group does not give)")
     validate_lr(group["lr"], where)
     betas = group["betas"]
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -80,7 +93,7 @@ def validate_hyperparameters(group: Mapping[str, Any], where: str = "") -> None:
     if clip < 0:
         raise ValueError(f"clip{where} must be >= 0 (0 turns soft clipping off), got {clip!r}")
     mode = group["bound_mode"]
-    if mode not in BOUND_MODES or not isinstance(mode, str):
+    if not isinstance(mode, str) or mode not in BOUND_MODES:
         raise ValueError(
             f"bound_mode{where} must be one of {tuple(BOUND_MODES)}, got {mode!r}")
     bound = _real("bound", group["bound"], where)
@@ -88,13 +101,31 @@ def validate_hyperparameters(group: Mapping[str, Any], where: str = "") -> None:
         raise ValueError(f"bound{where} must be > 0 when bound_mode={mode!r}, got {bound!r}")
     _flag("maximize", group["maximize"], where)
     policy = group["nonfinite"]
-    if policy not in NONFINITE_POLICIES or not isinstance(policy, str):
+    if not isinstance(policy, str) or policy not in NONFINITE_POLICIES:
         raise ValueError(f"nonfinite{where} must be one of {NONFINITE_POLICIES}, got {policy!r}")
     _flag("stochastic_rounding", group["stochastic_rounding"], where)
     state_dtype = group["state_dtype"]
     if state_dtype not in STATE_DTYPES:
         raise ValueError(
             f"state_dtype{where} must be torch.float32 or torch.bfloat16, got {state_dtype!r}")
+
+
+def torch_flags(foreach: Any, fused: Any, capturable: Any, differentiable: Any) -> dict:
+    """The torch.optim implementation keywords, as the values that describe LuminaMoon: one
+    fused multi-tensor step (so ``foreach`` of any value is met), capturable (no host
+    synchronisation), not differentiable. Refuses what it cannot be, by name."""
+    for name, value in (("foreach", foreach), ("fused", fused), ("capturable", capturable),
+                        ("differentiable", differentiable)):
+        if value is not None and not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name} must be None, True or False, got {value!r}")
+    if differentiable:
+        raise ValueError("differentiable=True is not supported: LuminaMoon's step runs in fused "
+                         "kernels outside autograd; use torch.optim.AdamW(differentiable=True) "
+                         "to differentiate through an optimizer step")
+    if fused is False:
+        raise ValueError("fused=False is not supported: LuminaMoon's step is always fused (one "
+                         "launch per pass for a whole param group); pass fused=None or True")
+    return dict(foreach=foreach, fused=True, capturable=True, differentiable=False)
 
 
 def validate_seed(seed: Any) -> None:

@@ -1,39 +1,46 @@
-"""The LuminaMoon optimizer: validation, param groups, state, and launch-group planning.
+"""optimizer/optimizer.py: the LuminaMoon class: param groups, state, the cached step plan, hooks.
 
 A step is planned once (grouping, state creation, backend choice) and the plan is reused
 until the parameters with gradients, a hyperparameter other than lr, or a parameter's storage
-change. The update itself runs through :func:`luminamoon.optimizer.functional.run_launch_groups`.
+or layout change. The update itself runs through :func:`luminamoon.optimizer._step.run_launch_groups`.
+The state dict's checks live in optimizer/_state_dict.py.
 """
 from __future__ import annotations
 
-import math
+import functools
+import inspect
 import operator
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from . import _state_dict
 from ._device import _get_generator
-from ._groups import LaunchGroup, TensorRef, group_tensors
+from ._dtensor import is_dtensor, local_tensor, shard_layout
+from ._groups import LaunchGroup, TensorRef, group_tensors, launch_grads
+from ._step import run_launch_groups
 from ._validation import (
     HYPER_KEYS,
     check_grad,
     check_param,
     check_state_tensor,
     make_hyper,
+    torch_flags,
     validate_backend,
     validate_hyperparameters,
     validate_lr,
     validate_seed,
 )
-from ._dtensor import is_dtensor, local_tensor, shard_layout
-from ._step import run_launch_groups
 from .backends import select_backend
 from .backends.base import Backend
+from .layout import state_like
 
 __all__ = ["LuminaMoon"]
 
 # Hyperparameters that decide the launch groups (lr is set on each step instead).
 _PLAN_KEYS = tuple(k for k in HYPER_KEYS if k != "lr")
+# The rounding stream format this release draws (docs/tdclm.md, "Random streams").
+ROUNDING_STREAM = 2
 
 
 def _draw_seed(device: torch.device) -> int:
@@ -44,12 +51,32 @@ def _draw_seed(device: torch.device) -> int:
     return (hi << 32) | lo
 
 
-def _plan_key(group: Dict[str, Any]) -> tuple:
-    return tuple(tuple(group[k]) if k == "betas" else group[k] for k in _PLAN_KEYS)
+def _plan_key(group: Dict[str, Any]) -> Optional[tuple]:
+    """The hyperparameters a plan was built for; None where one is missing or malformed (the
+    plan is then rebuilt, and the rebuild's validation names the value and the fix)."""
+    try:
+        return tuple(tuple(group[k]) if k == "betas" else group[k] for k in _PLAN_KEYS)
+    except Exception:  # noqa: BLE001 - a deleted key, betas=0.9, ...
+        return None
 
 
-_DATA_PTR = torch.Tensor.data_ptr
-_DTYPE = operator.attrgetter("dtype")
+def _first_tensor(params: list) -> Optional[torch.Tensor]:
+    """The first parameter of a constructor's ``params`` (tensors, (name, tensor) pairs or
+    param-group dicts), or None when every group is empty."""
+    for item in params:
+        group = item.get("params", ()) if isinstance(item, dict) else [item]
+        if isinstance(group, torch.Tensor):
+            group = [group]
+        for p in group:
+            p = p[1] if isinstance(p, tuple) and len(p) == 2 else p
+            if isinstance(p, torch.Tensor):
+                return p
+    return None
+
+
+# torch.optim.Optimizer takes (name, tensor) pairs itself from torch 2.6 on; before, LuminaMoon
+# takes them apart (and keeps no names, as those releases' state dicts have none).
+_TORCH_TAKES_NAMES = "param_names" in inspect.getsource(torch.optim.Optimizer.add_param_group)
 
 try:  # the registries of torch.optim.Optimizer's global step hooks
     from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
@@ -62,7 +89,42 @@ def _profiler_enabled() -> bool:
     return _PROFILER_ENABLED is None or bool(_PROFILER_ENABLED())
 
 
+_UNTRACED: Dict[Any, Any] = {}
+_UNTRACED_REASON = ("LuminaMoon.step launches its own fused kernels from a cached plan and runs "
+                    "eagerly: compile the model and the loss, and call opt.step() outside a "
+                    "fullgraph region")
+
+
+def _untraced(fn):
+    """``fn`` as torch.compile must see it: run eagerly (a graph break; fullgraph=True stops
+    with the reason above). Made when an optimizer is built, where torch.optim has imported
+    torch._dynamo already: importing luminamoon does not."""
+    found = _UNTRACED.get(fn)
+    if found is None:
+        disable = torch.compiler.disable
+        try:
+            found = disable(fn, reason=_UNTRACED_REASON)
+        except TypeError:  # torch < 2.6: no reason
+            found = disable(fn)
+        _UNTRACED[fn] = found
+    return found
+
+
+def _not_traced(fn):
+    """The public step: dispatches to ``_untraced(fn)``, made by the constructor."""
+    @functools.wraps(fn)
+    def step(self, closure=None):
+        return _UNTRACED[fn](self, closure)
+
+    step.untraced_target = fn
+    return step
+
+
 _PROFILER_ENABLED = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+_DATA_PTR = torch.Tensor.data_ptr
+_NUMEL = torch.Tensor.numel
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+_DTYPE = operator.attrgetter("dtype")
 _GRAD = operator.attrgetter("grad")
 
 
@@ -70,8 +132,9 @@ class _Plan:
     """Launch groups of one step layout, their backends, and what they were built from.
 
     The plan stays valid while every param group holds the same parameter objects and
-    hyperparameters (lr aside), the same parameters have gradients, every parameter keeps its
-    storage address, and every gradient keeps its plan's dtype and a dense layout.
+    hyperparameters (lr aside), the same parameters have gradients, and every parameter keeps
+    its storage address, element count, dtype and layout, and its gradient the plan's dtype and
+    a layout the plan can read.
     """
 
     def __init__(self, groups: List[LaunchGroup], backends: List[Backend],
@@ -86,8 +149,15 @@ class _Plan:
         self.keys = keys  # per param group: _plan_key
         self.without_grad = without_grad  # parameters that had no gradient
         self.sharded = sharded  # any DTensor parameter: grads are read through their local shard
-        for g in groups:  # the storage addresses of its (local) parameters, checked every step
+        self.owner_ptrs, self.owner_shapes = [], []
+        for g, owners in zip(groups, grad_sources):
+            # the addresses the backends read (param_ptrs: flat views or staging buffers where
+            # a layout needs them), and the owners' own, checked every step
             g.param_ptrs = tuple(map(_DATA_PTR, g.params))
+            local = [local_tensor(p) for p in owners] if sharded else owners
+            self.owner_ptrs.append(tuple(map(_DATA_PTR, local)))
+            self.owner_shapes.append((tuple(map(_NUMEL, local)), tuple(map(_IS_CONTIGUOUS, local)),
+                                      frozenset(map(_DTYPE, local))))
 
     def release_grads(self) -> None:
         """Drops this step's gradients (and their addresses): none is kept alive between steps."""
@@ -99,8 +169,11 @@ class LuminaMoon(torch.optim.Optimizer):
     """TDCLM: two-pass, soft-clipped, decoupled-decay Adam with seeded stochastic rounding.
 
     Args:
-        params: parameters or param-group dicts (each group may override any hyperparameter).
-        lr: learning rate (float or 0-dim tensor; torch.optim.lr_scheduler works with both).
+        params: parameters, (name, parameter) pairs, or param-group dicts (each group may
+            override any hyperparameter; an empty group is allowed).
+        lr: learning rate (a float or a one-element tensor; torch.optim.lr_scheduler works with
+            both). A tensor outside host memory is checked on the device: a non-finite or
+            negative value skips the step there (nonfinite="skip").
         betas: moment decay rates, each in [0, 1).
         eps: denominator guard, > 0.
         weight_decay: decoupled weight decay, >= 0.
@@ -117,6 +190,11 @@ class LuminaMoon(torch.optim.Optimizer):
             device generator when None. Saved in the state dict.
         backend: "auto", "reference", "triton", "cpu", "aot" (or a Backend instance).
         aot_bundle: directory of an ahead-of-time bundle, for backend="aot".
+        foreach, fused, capturable, differentiable: torch.optim's implementation keywords, for
+            code that passes them to any optimizer. LuminaMoon's step is one fused multi-tensor
+            launch per pass and never synchronises with the host (fused and capturable):
+            ``foreach`` of any value, ``fused`` None/True and ``capturable`` of any value are
+            accepted; ``fused=False`` and ``differentiable=True`` are refused.
 
     ``optimizer.skipped_steps`` is a 0-dim int64 tensor on the first parameter's device
     counting the steps skipped for non-finite gradients (read it without a host sync).
@@ -125,35 +203,37 @@ class LuminaMoon(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  clip=4.0, bound_mode="none", bound=1.0, maximize=False, nonfinite="skip",
                  stochastic_rounding=True, state_dtype=torch.float32, seed=None,
-                 backend="auto", aot_bundle=None):
+                 backend="auto", aot_bundle=None, *, foreach=None, fused=None, capturable=None,
+                 differentiable=None):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, clip=clip,
                         bound_mode=bound_mode, bound=bound, maximize=maximize,
                         nonfinite=nonfinite, stochastic_rounding=stochastic_rounding,
                         state_dtype=state_dtype)
         validate_hyperparameters(defaults)
+        defaults.update(torch_flags(foreach, fused, capturable, differentiable))
         validate_seed(seed)
         validate_backend(backend)
         if backend == "aot" and aot_bundle is None:
             raise ValueError("backend='aot' needs aot_bundle=<bundle directory> (written by "
                              "'luminamoon aot build')")
-        if isinstance(params, torch.Tensor):
-            raise TypeError("params must be an iterable of tensors or dicts, got a tensor; "
-                            "pass [tensor] or model.parameters()")
-        params = list(params)
-        self._seed: Optional[int] = None if seed is None else int(seed)
+        if not isinstance(params, torch.Tensor):  # (torch's own check names a tensor)
+            params = list(params)
+        first = _first_tensor(params) if isinstance(params, list) else None
+        home = local_tensor(first).device if first is not None else torch.device("cpu")
+        self._seed: int = _draw_seed(home) if seed is None else int(seed)
         self._backend_choice = backend
         self._aot_bundle = aot_bundle
+        self._home = home
+        self.skipped_steps = torch.zeros((), dtype=torch.int64, device=home)
+        self._reset_caches()
+        super().__init__(params, defaults)
+
+    def _reset_caches(self) -> None:
+        _untraced(LuminaMoon.step.untraced_target)  # the step torch.compile runs eagerly
         self._plan: Optional[_Plan] = None
         self._flags: Dict[torch.device, torch.Tensor] = {}
         self._scratch: Dict[torch.device, torch.Tensor] = {}
-        super().__init__(params, defaults)
-        first = local_tensor(self.param_groups[0]["params"][0])
-        self._home = first.device
-        if self._seed is None:
-            self._seed = _draw_seed(first.device)
-        for group in self.param_groups:
-            group["seed"] = self._seed
-        self.skipped_steps = torch.zeros((), dtype=torch.int64, device=first.device)
+        self._dtensor_census = None
 
     # ---------------------------------------------------------------------------------
     # param groups
@@ -163,35 +243,58 @@ class LuminaMoon(torch.optim.Optimizer):
         """The 64-bit base seed of the rounding streams."""
         return self._seed
 
+    @torch._disable_dynamo
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """torch.optim's checks and messages first (types, leaves, names, a parameter in two
+        groups), then LuminaMoon's (hyperparameters, dtypes, a parameter twice in one group);
+        nothing is added when any refuses."""
         if not isinstance(param_group, dict):
-            raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
         group = dict(param_group)
-        params = group.get("params")
+        params = group.get("params", [])
         if isinstance(params, torch.Tensor):
             params = [params]
-        elif isinstance(params, set):
-            raise TypeError("param group 'params' must be an ordered collection (list or "
-                            "tuple), not a set: the order decides the rounding streams")
-        else:
-            params = list(params) if params is not None else []
+        elif not isinstance(params, set):  # (a set: torch's own message below)
+            params = list(params)
+            if not _TORCH_TAKES_NAMES:
+                params = [p[1] if isinstance(p, tuple) and len(p) == 2 else p for p in params]
         group["params"] = params
-        for key, value in self.defaults.items():
-            group.setdefault(key, value)
         index = len(self.param_groups)
-        validate_hyperparameters(group, where=f" (param group {index})")
-        own_seed = getattr(self, "_seed", None)
-        if "seed" in group and own_seed is not None and group["seed"] != own_seed:
+        where = f" (param group {index})"
+        if "seed" in group and group["seed"] != self._seed:
             raise ValueError(
-                f"seed (param group {index}) is {group['seed']!r} but the optimizer's seed is "
-                f"{own_seed}; the seed is optimizer-wide, drop 'seed' from the group")
+                f"seed{where} is {group['seed']!r} but the optimizer's seed is {self._seed}; "
+                f"the seed is optimizer-wide, drop 'seed' from the group")
+        tensors = [p[1] if isinstance(p, tuple) and len(p) == 2 else p
+                   for p in (params if not isinstance(params, set) else ())]
+        if len({id(p) for p in tensors}) != len(tensors):
+            raise ValueError(f"param group {index} holds the same tensor more than once; "
+                             f"LuminaMoon would step it twice: list each parameter once")
+        check = {k: group.get(k, v) for k, v in self.defaults.items()}
+        validate_hyperparameters(check, where=where)
         offset = sum(len(g["params"]) for g in self.param_groups)
-        for j, p in enumerate(params):
-            check_param(p, f"parameter {offset + j} (param group {index}, index {j})")
-        if own_seed is not None:
-            group["seed"] = own_seed
+        for j, p in enumerate(tensors):
+            if isinstance(p, torch.Tensor):  # (anything else: torch's TypeError below)
+                check_param(p, f"parameter {offset + j} (param group {index}, index {j})")
         super().add_param_group(group)
+        added = self.param_groups[-1]
+        added.update(seed=self._seed, skipped_steps=self.skipped_steps,
+                     rounding_stream=ROUNDING_STREAM)
         self._plan = None
+
+    # ---------------------------------------------------------------------------------
+    # copies: deepcopy, pickle, torch.save(optimizer)
+    # ---------------------------------------------------------------------------------
+    def __getstate__(self) -> Dict[str, Any]:
+        state = super().__getstate__()
+        state.update(_seed=self._seed, _backend_choice=self._backend_choice,
+                     _aot_bundle=self._aot_bundle, _home=self._home,
+                     skipped_steps=self.skipped_steps)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._reset_caches()  # plans, flags: rebuilt on the copy's first step
 
     # ---------------------------------------------------------------------------------
     # state
@@ -199,29 +302,32 @@ class LuminaMoon(torch.optim.Optimizer):
     def _flat_index(self, gi: int, j: int) -> int:
         return sum(len(g["params"]) for g in self.param_groups[:gi]) + j
 
+    def _sr(self, p: torch.Tensor, group: Dict[str, Any]) -> bool:
+        """Whether p's stores round stochastically (decides its state tensors' layout)."""
+        return bool(group["stochastic_rounding"]) and torch.bfloat16 in (
+            p.dtype, group["state_dtype"])
+
+    @torch.no_grad()
     def reset_p_init(self, params: Optional[Iterable[torch.Tensor]] = None) -> None:
         """Take the current values of ``params`` (default: all parameters of bounded groups)
         as their initial values p_init, the centre of the "abs"/"rel" bounds."""
         wanted = None if params is None else {id(p) for p in params}
-        with torch.no_grad():
-            for group in self.param_groups:
-                if group["bound_mode"] == "none":
-                    continue
-                for p in group["params"]:
-                    if wanted is None or id(p) in wanted:
-                        self.state[p]["p_init"] = p.detach().clone(
-                            memory_format=torch.contiguous_format)
+        for group in self.param_groups:
+            if group["bound_mode"] == "none":
+                continue
+            for p in group["params"]:
+                if wanted is None or id(p) in wanted:
+                    self.state[p]["p_init"] = state_like(p, p.dtype, self._sr(p, group)).copy_(p)
         self._plan = None
 
     def _init_state(self, p: torch.Tensor, group: Dict[str, Any]) -> None:
         state = self.state[p]
-        local = local_tensor(p)
-        state["step"] = torch.zeros((), dtype=torch.int64, device=local.device)
-        zeros = dict(dtype=group["state_dtype"], memory_format=torch.contiguous_format)
-        state["exp_avg"] = torch.zeros_like(p, **zeros)
-        state["exp_avg_sq"] = torch.zeros_like(p, **zeros)
+        sr = self._sr(p, group)
+        state["step"] = torch.zeros((), dtype=torch.int64, device=local_tensor(p).device)
+        state["exp_avg"] = state_like(p, group["state_dtype"], sr)
+        state["exp_avg_sq"] = state_like(p, group["state_dtype"], sr)
         if group["bound_mode"] != "none":
-            state["p_init"] = p.detach().clone(memory_format=torch.contiguous_format)
+            state["p_init"] = state_like(p, p.dtype, sr).copy_(p.detach())
 
     def _check_state(self, p: torch.Tensor, group: Dict[str, Any], name: str) -> None:
         state = self.state[p]
@@ -269,21 +375,25 @@ class LuminaMoon(torch.optim.Optimizer):
             if p.grad is not None:
                 return False
         taken = []
-        for launch, owners in zip(plan.groups, plan.grad_sources):
+        for i, (launch, owners) in enumerate(zip(plan.groups, plan.grad_sources)):
             grads = list(map(_GRAD, owners))
             try:
                 # None (a gradient gone) has no dtype; a sparse gradient has no data pointer
                 if set(map(_DTYPE, grads)) != {launch.grad_dtype}:
                     return False
+                local = [local_tensor(p) for p in owners] if plan.sharded else owners
                 if plan.sharded:
                     grads = [local_tensor(g) for g in grads]
-                    now_ptrs = tuple(_DATA_PTR(local_tensor(p)) for p in owners)
-                else:
-                    now_ptrs = tuple(map(_DATA_PTR, owners))
+                if (tuple(map(_DATA_PTR, local)) != plan.owner_ptrs[i]
+                        or (tuple(map(_NUMEL, local)), tuple(map(_IS_CONTIGUOUS, local)),
+                            frozenset(map(_DTYPE, local))) != plan.owner_shapes[i]):
+                    return False
+                if launch.modes is not None:
+                    grads = launch_grads(launch, grads, owners)
+                    if grads is None:
+                        return False
                 grad_ptrs = tuple(map(_DATA_PTR, grads))
             except (AttributeError, RuntimeError):
-                return False
-            if now_ptrs != launch.param_ptrs:
                 return False
             taken.append((grads, grad_ptrs))
         for launch, (grads, grad_ptrs) in zip(plan.groups, taken):
@@ -292,7 +402,7 @@ class LuminaMoon(torch.optim.Optimizer):
 
     def _has_dtensor(self) -> bool:
         count = sum(len(g["params"]) for g in self.param_groups)
-        cached = getattr(self, "_dtensor_census", None)
+        cached = self._dtensor_census
         if cached is None or cached[0] != count:
             cached = (count, any(is_dtensor(p) for g in self.param_groups for p in g["params"]))
             self._dtensor_census = cached
@@ -361,15 +471,19 @@ class LuminaMoon(torch.optim.Optimizer):
                 raise RuntimeError("the step's plan does not describe the parameters it was "
                                    "built from")
             self._plan = plan
+        # Every lr is checked before anything is launched: a float or a host tensor here (the
+        # value the kernels will use, as float32); a tensor in device memory on the device,
+        # by the step, unless its group raises on bad values (then read here).
         for launch, gi in zip(plan.groups, plan.lr_sources):
             lr = self.param_groups[gi]["lr"]
-            if isinstance(lr, torch.Tensor):
-                if lr.dim() != 0 or not lr.is_floating_point():
-                    plan.release_grads()
-                    validate_lr(lr, f" (param group {gi})")  # raises, naming the fix
-            elif not (math.isfinite(lr) and lr >= 0):
+            try:
+                if (isinstance(lr, torch.Tensor) and lr.device.type != "cpu"
+                        and launch.hyper.nonfinite == "raise" and lr.numel() == 1):
+                    validate_lr(float(lr), f" (param group {gi})")
+                validate_lr(lr, f" (param group {gi})")
+            except BaseException:
                 plan.release_grads()
-                raise ValueError(f"lr (param group {gi}) must be >= 0, got {lr!r}")
+                raise
             launch.lr = lr
         return plan
 
@@ -383,6 +497,7 @@ class LuminaMoon(torch.optim.Optimizer):
         profiler's "Optimizer.step#LuminaMoon.step" range work as for any torch optimizer: with
         a hook registered or a profiler running, the step goes through torch's own wrapper;
         otherwise it skips that wrapper, whose range alone costs a few microseconds a step.
+        Under torch.compile the step runs eagerly (a graph break).
         """
         if type(self).step is not LuminaMoon.step:
             # a subclass's own step, which torch wraps itself (hooks, range): just the step
@@ -393,6 +508,7 @@ class LuminaMoon(torch.optim.Optimizer):
             return _hooked_step(self, closure)
         return self._step(closure)
 
+    step = _not_traced(step)
     # torch.optim.Optimizer wraps a step not marked so; this class runs the wrapper itself
     step.hooked = True
 
@@ -423,70 +539,31 @@ class LuminaMoon(torch.optim.Optimizer):
     # ---------------------------------------------------------------------------------
     # state dict
     # ---------------------------------------------------------------------------------
-    def state_dict(self) -> Dict[str, Any]:
-        state_dict = super().state_dict()
-        state_dict["skipped_steps"] = self.skipped_steps.detach().clone()
-        return state_dict
-
+    @torch._disable_dynamo
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Load a state dict; moments keep their state dtype and p_init its parameter dtype
-        (torch's default would cast floating state to the parameter dtype)."""
-        state_dict = dict(state_dict)
-        skipped = state_dict.pop("skipped_steps", None)
-        saved_groups = state_dict.get("param_groups", [])
-        seeds = {g["seed"] for g in saved_groups if "seed" in g}
-        if len(seeds) > 1:
-            raise ValueError(f"the state dict's param groups carry different seeds {seeds}; "
-                             f"a LuminaMoon state dict has one seed")
-        for seed in seeds:
-            validate_seed(seed)
-        saved_state = state_dict.get("state", {})
-        owners: Dict[Any, torch.Tensor] = {}
-        for gi, (saved_group, group) in enumerate(zip(saved_groups, self.param_groups)):
-            for j, (saved_id, p) in enumerate(zip(saved_group.get("params", []), group["params"])):
-                owners[saved_id] = p
-                for key in ("exp_avg", "exp_avg_sq", "p_init"):
-                    value = saved_state.get(saved_id, {}).get(key)
-                    if isinstance(value, torch.Tensor) and value.shape != p.shape:
-                        raise ValueError(
-                            f"the state dict's {key!r} for parameter {self._flat_index(gi, j)} "
-                            f"(param group {gi}, index {j}) has shape {tuple(value.shape)} but "
-                            f"the parameter has shape {tuple(p.shape)}: the state dict belongs "
-                            f"to another model or another parameter order")
-        super().load_state_dict(state_dict)
-        for gi, group in enumerate(self.param_groups):
-            validate_hyperparameters(group, where=f" (param group {gi}, loaded)")
-        seed = seeds.pop() if seeds else self._seed
-        self._seed = int(seed)
+        """Load a state dict, checking all of it first: nothing changes when it is refused.
+
+        Load-state-dict pre-hooks run first (their changes count), post-hooks see the loaded
+        state. Moments keep their group's state dtype and p_init its parameter's dtype; every
+        state tensor takes its parameter's device and layout (torch's default would cast
+        floating state to the parameter dtype).
+        """
+        state_dict = dict(state_dict)  # shallow, as torch
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        loaded = _state_dict.load(self, state_dict)
+        self.state = loaded.state
+        self.param_groups = loaded.param_groups
+        self._seed = loaded.seed
         for group in self.param_groups:
-            group["seed"] = self._seed
-        groups_of = {id(p): g for g in self.param_groups for p in g["params"]}
-        for saved_id, p in owners.items():
-            if saved_id not in saved_state:
-                continue
-            group = groups_of[id(p)]
-            state = self.state[p]
-            local = local_tensor(p)
-            for key, value in saved_state[saved_id].items():
-                if not isinstance(value, torch.Tensor):
-                    continue
-                if key == "step":
-                    state[key] = local_tensor(value).detach().to(
-                        device=local.device, dtype=torch.int64, copy=True).reshape(())
-                    continue
-                if key in ("exp_avg", "exp_avg_sq"):
-                    dtype = group["state_dtype"]
-                elif key == "p_init":
-                    dtype = p.dtype
-                else:
-                    continue
-                if is_dtensor(value):
-                    state[key] = value.detach().to(dtype=dtype, copy=True)
-                else:
-                    state[key] = value.detach().to(device=local.device, dtype=dtype, copy=True)
-        if skipped is not None:
-            self.skipped_steps.copy_(torch.as_tensor(skipped).to(self.skipped_steps.device))
-        self._plan = None
+            group.update(seed=self._seed, skipped_steps=self.skipped_steps,
+                         rounding_stream=ROUNDING_STREAM)
+        self.skipped_steps.copy_(loaded.skipped)
+        self._reset_caches()
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
 
 # torch's step wrapper (step hooks, profiler range) around the bare step: LuminaMoon.step calls

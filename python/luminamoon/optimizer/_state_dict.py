@@ -1,0 +1,179 @@
+"""optimizer/_state_dict.py: a LuminaMoon state dict checked whole before anything is loaded.
+
+``load`` builds the new state and param groups aside and raises ValueError, naming what is
+wrong and the fix, for anything the optimizer could not step from: another optimizer's state
+dict, group counts or sizes, hyperparameters, seeds, the rounding stream format, step counts,
+state shapes. The optimizer then swaps them in (LuminaMoon.load_state_dict).
+
+Where the state dict carries what (every key a param group holds travels through
+torch.distributed.checkpoint; top-level keys other than ``state`` and ``param_groups`` do not):
+each param group holds ``seed``, ``rounding_stream`` and ``skipped_steps`` beside its
+hyperparameters; each parameter's state holds ``step`` (int64), ``exp_avg``, ``exp_avg_sq`` and,
+for bounded groups, ``p_init``.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+import warnings
+from typing import Any, Dict, List, NamedTuple
+
+import torch
+
+from ._dtensor import is_dtensor, local_tensor
+from ._validation import torch_flags, validate_hyperparameters, validate_seed
+from .layout import state_like
+
+__all__ = ["load", "Loaded"]
+
+# What a param group of another optimizer lacks (torch's AdamW has lr, betas, eps,
+# weight_decay and maximize too).
+_OWN_KEYS = ("clip", "bound_mode", "bound", "nonfinite", "stochastic_rounding", "state_dtype")
+_ROUNDING_STREAM = 2
+
+
+class Loaded(NamedTuple):
+    state: Dict[Any, Dict[str, Any]]
+    param_groups: List[Dict[str, Any]]
+    seed: int
+    skipped: torch.Tensor  # 0-dim int64 on the CPU
+
+
+def _int_count(value: Any, what: str) -> int:
+    """A count saved as an int, a float or a one-element tensor: whole and >= 0."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{what} must be one number, got a tensor of shape "
+                             f"{tuple(value.shape)}")
+        value = local_tensor(value).item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{what} must be a whole number >= 0, got {value!r}")
+    if not math.isfinite(float(value)) or float(value) != int(value) or value < 0:
+        raise ValueError(f"{what} must be a whole number >= 0, got {value!r}")
+    return int(value)
+
+
+def load(opt, state_dict: Dict[str, Any]) -> Loaded:
+    if not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list) \
+            or not isinstance(state_dict.get("state"), dict):
+        raise ValueError("this is not an optimizer state dict: it needs 'state' (a dict) and "
+                         "'param_groups' (a list); pass what optimizer.state_dict() returned")
+    groups = opt.param_groups
+    saved_groups = copy.deepcopy(state_dict["param_groups"])
+    # torch.optim's checks and messages
+    if len(groups) != len(saved_groups):
+        raise ValueError("loaded state dict has a different number of parameter groups")
+    if any(len(g["params"]) != len(s.get("params", ())) for g, s in zip(groups, saved_groups)):
+        raise ValueError("loaded state dict contains a parameter group that doesn't match the "
+                         "size of optimizer's group")
+    for gi, saved in enumerate(saved_groups):
+        missing = [k for k in _OWN_KEYS if k not in saved]
+        if missing:
+            raise ValueError(
+                f"the state dict's param group {gi} has no {', '.join(map(repr, missing))}: it "
+                f"was saved by another optimizer (torch.optim.AdamW?), not by LuminaMoon. Load "
+                f"a LuminaMoon state dict; to start from another optimizer's moments, copy its "
+                f"'exp_avg' and 'exp_avg_sq' into optimizer.state[p] after the first step")
+    # param groups: the saved values, the current params (and names, as torch does)
+    new_groups = []
+    seeds = set()
+    skipped_values = []
+    for gi, (group, saved) in enumerate(zip(groups, saved_groups)):
+        where = f" (param group {gi} of the loaded state dict)"
+        new = dict(saved)
+        new["params"] = group["params"]
+        if "param_names" in group and "param_names" not in new:
+            new["param_names"] = group["param_names"]
+        for key in ("foreach", "fused", "capturable", "differentiable"):
+            new.setdefault(key, opt.defaults.get(key))
+        torch_flags(new["foreach"], new["fused"], new["capturable"], new["differentiable"])
+        validate_hyperparameters(new, where=where)
+        if "seed" in new:
+            validate_seed(new["seed"])
+            seeds.add(int(new["seed"]))
+        stream = new.get("rounding_stream")
+        if stream is None or stream == 1:
+            if gi == 0:
+                warnings.warn(
+                    f"the state dict was saved with rounding stream format "
+                    f"{'1' if stream == 1 else 'unknown (none recorded)'}; LuminaMoon draws "
+                    f"format {_ROUNDING_STREAM} (docs/tdclm.md): the stochastic rounding bits "
+                    f"change from the next step on", UserWarning, stacklevel=4)
+        elif stream != _ROUNDING_STREAM:
+            raise ValueError(f"rounding_stream{where} is {stream!r}; this LuminaMoon draws "
+                             f"format {_ROUNDING_STREAM} (and reads 1): upgrade luminamoon")
+        new["rounding_stream"] = _ROUNDING_STREAM
+        if "skipped_steps" in new:
+            skipped_values.append(_int_count(new["skipped_steps"], f"skipped_steps{where}"))
+        new_groups.append(new)
+    if len(seeds) > 1:
+        raise ValueError(f"the state dict's param groups carry different seeds {sorted(seeds)}; "
+                         f"a LuminaMoon state dict has one seed")
+    top = state_dict.get("skipped_steps")  # where state dicts of earlier releases kept it
+    if top is not None:
+        skipped_values.append(_int_count(top, "skipped_steps"))
+    skipped = torch.tensor(max(skipped_values) if skipped_values else 0, dtype=torch.int64)
+    seed = seeds.pop() if seeds else opt.seed
+    # per-parameter state
+    ids = [i for s in saved_groups for i in s["params"]]
+    params = [p for g in groups for p in g["params"]]
+    owner = dict(zip(ids, params))
+    group_of = {id(p): g for g in new_groups for p in g["params"]}
+    index_of = {id(p): k for k, p in enumerate(params)}
+    state: Dict[Any, Dict[str, Any]] = {}
+    for saved_id, values in state_dict["state"].items():
+        p = owner.get(saved_id)
+        if p is None:  # state of no current parameter: kept as it is (as torch does)
+            state[saved_id] = values
+            continue
+        state[p] = _param_state(p, values, group_of[id(p)], f"parameter {index_of[id(p)]}")
+    return Loaded(state, new_groups, seed, skipped)
+
+
+def _param_state(p: torch.Tensor, values: Any, group: Dict[str, Any], name: str
+                 ) -> Dict[str, Any]:
+    if not isinstance(values, dict):
+        raise ValueError(f"the state dict's state of {name} must be a dict, got "
+                         f"{type(values).__name__}")
+    if not values:
+        return {}
+    local = local_tensor(p)
+    out: Dict[str, Any] = {}
+    for key in ("step", "exp_avg", "exp_avg_sq"):
+        if key not in values:
+            raise ValueError(f"the state dict's state of {name} has no {key!r} (it holds "
+                             f"{sorted(values)}); load a LuminaMoon state dict")
+    out["step"] = torch.tensor(_int_count(values["step"], f"the state dict's step of {name}"),
+                               dtype=torch.int64, device=local.device)
+    sr = bool(group["stochastic_rounding"]) and torch.bfloat16 in (p.dtype, group["state_dtype"])
+    wanted = {"exp_avg": group["state_dtype"], "exp_avg_sq": group["state_dtype"],
+              "p_init": p.dtype}
+    # (a bounded group's state without p_init loads: the step then names the repair,
+    # optimizer.reset_p_init(), before it changes anything)
+    for key, value in values.items():
+        if key == "step":
+            continue
+        if key not in wanted:
+            out[key] = value
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"the state dict's {key!r} of {name} must be a tensor, got "
+                             f"{type(value).__name__}")
+        if tuple(value.shape) != tuple(p.shape):
+            raise ValueError(
+                f"the state dict's {key!r} for {name} has shape {tuple(value.shape)} but the "
+                f"parameter has shape {tuple(p.shape)}: the state dict belongs to another model "
+                f"or another parameter order")
+        if is_dtensor(p) != is_dtensor(value):
+            raise ValueError(f"the state dict's {key!r} for {name} is "
+                             f"{'a DTensor' if is_dtensor(value) else 'a plain tensor'} but the "
+                             f"parameter is {'a DTensor' if is_dtensor(p) else 'not'}; load a "
+                             f"state dict saved with the same sharding, or through "
+                             f"torch.distributed.checkpoint")
+        if is_dtensor(value):
+            out[key] = value.detach().to(dtype=wanted[key], copy=True)
+        else:
+            out[key] = state_like(p, wanted[key], sr).copy_(value.detach())
+    return out
+
