@@ -99,6 +99,12 @@ def test_random_words_equal_the_reference_rng():
         for lo, hi in ((0, 3000), (3000, 3010), (3010, 3011)):
             _luminav.random_words(ours[lo:].data_ptr(), key, int(index[lo]), hi - lo, stream)
         assert torch.equal(ours.to(torch.int64) & 0xFFFFFFFF, ref), (t, k, stream)
+        # runs that start inside a group of eight, as a shard's offset puts them
+        for first in (3, 2**32 - 3, 2**40 + 5):
+            run = torch.empty(21, dtype=torch.int32)
+            _luminav.random_words(run.data_ptr(), key, first, 21, stream)
+            want = rng.random_words(seed, t, k, torch.arange(first, first + 21), stream)
+            assert torch.equal(run.to(torch.int64) & 0xFFFFFFFF, want), (first, stream)
 
 
 def test_stochastic_rounding_uses_the_reference_streams_bitwise():

@@ -73,18 +73,39 @@ def test_device_rounding_seed_equals_host():
 
 
 def test_random_words_counter_layout():
-    """R(i, s) is word 0 of Philox(seed_tk, (lo32(i), hi32(i), s, 0))."""
-    index = torch.tensor([0, 1, 2**32 - 1, 2**32, 2**32 + 5, 3 * 2**40 + 17], dtype=torch.int64)
+    """Format 2: R16(i, s) is half i & 1 of word (i >> 1) & 3 of Philox(seed_tk, (lo32(j),
+    hi32(j), s, 0)) with j = i >> 3."""
+    index = torch.tensor([0, 1, 5, 7, 8, 2**32 - 1, 2**32, 2**32 + 5, 3 * 2**40 + 17,
+                          2**35 + 3], dtype=torch.int64)
     seed, t, k = 0xDEADBEEFCAFEF00D, 3, 11
     key = rng.rounding_seed(seed, t, k)
     for stream in (0, 1, 2):
         words = rng.random_words(seed, t, k, index, stream)
-        expected = [rng.philox4x32_10(key, i & M32, i >> 32, stream, 0)[0] for i in index.tolist()]
+        expected = []
+        for i in index.tolist():
+            j = i >> 3
+            w = rng.philox4x32_10(key, j & M32, j >> 32, stream, 0)[(i >> 1) & 3]
+            expected.append((w >> (16 * (i & 1))) & 0xFFFF)
         assert words.tolist() == expected
         tensor_t = rng.random_words(seed, torch.tensor(t), k, index, stream)
         assert torch.equal(words, tensor_t)
     assert not torch.equal(rng.random_words(seed, t, k, index, 0),
                            rng.random_words(seed, t, k, index, 1))
+
+
+@pytest.mark.parametrize("first", [0, 3, 8, 2**32 - 5, 2**40 + 1])
+@pytest.mark.parametrize("count", [1, 5, 8, 77])
+def test_stream_words_are_random_words_of_the_run(first, count):
+    """stream_words (one Philox per group of eight) gives random_words of every index."""
+    seed, t, k = 77, 4, 2
+    key = rng.rounding_seed(seed, t, k)
+    for stream in (0, 1, 2):
+        got = rng.stream_words(key, first, count, stream, "cpu")
+        index = torch.arange(first, first + count, dtype=torch.int64)
+        assert torch.equal(got, rng.random_words(seed, t, k, index, stream))
+        on_device = rng.stream_words(rng.rounding_seed_words(seed, torch.tensor(t), k), first,
+                                     count, stream, "cpu")
+        assert torch.equal(on_device, got)
 
 
 _TRITON_PHILOX_SCRIPT = r"""

@@ -236,8 +236,7 @@ if IN_PROCESS:
     def _words_kernel(out, key_out, tko, seed, n, STREAM: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
         key = rounding._seed_tk(seed, tl.load(tko), tl.load(tko + 1))
-        idx = tl.load(tko + 2) + offs
-        w = rounding._random_word(key, idx, STREAM)
+        w = rounding._stream_words16(key, tl.load(tko + 2), STREAM, BLOCK)
         tl.store(out + offs, w.to(tl.int64), mask=offs < n)
         tl.store(key_out, key.to(tl.int64, bitcast=True))
 
@@ -270,7 +269,9 @@ SEEDS = [0, 1, 2 ** 31 + 5, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, 0x9E3779B97F4A7C1
 @pytest.mark.parametrize("stream", [0, 1, 2])
 def test_random_words_equal_reference_rng(seed, stream):
     n = 300
-    for t, k, offset in [(1, 0, 0), (7, 5, 2 ** 32 - 150), (123456, 2 ** 40 + 3, 2 ** 33 + 9)]:
+    # offsets that are and are not multiples of 8 (a shard starting inside a group)
+    for t, k, offset in [(1, 0, 0), (7, 5, 2 ** 32 - 150), (123456, 2 ** 40 + 3, 2 ** 33 + 9),
+                         (2, 1, 3), (9, 2, 2 ** 32 - 3)]:
         out = torch.empty(n, dtype=torch.int64)
         key = torch.empty(1, dtype=torch.int64)
         tko = torch.tensor([t, k, offset], dtype=torch.int64)
@@ -317,7 +318,7 @@ def test_bf16_rounding_equals_reference(sr):
         [0.0, -0.0, 1.0, -1.0, 3.3895314e38, -3.3895314e38, 3.4028235e38, 1e-40, -1e-41,
          float("inf"), float("-inf"), float("nan"), 1.00390625, 1.01171875])])
     # ties to even: 1 + 2**-8 rounds to 1, 1 + 3*2**-8 up (both in the tensor above)
-    words = torch.randint(0, 2 ** 32, x.shape, generator=gen, dtype=torch.int64)
+    words = torch.randint(0, 2 ** 16, x.shape, generator=gen, dtype=torch.int64)  # R16 values
     y = torch.empty(x.shape, dtype=torch.bfloat16)
     _bf16_kernel[(1,)](x, words, y, x.numel(), SR=sr, BLOCK=1024)
     expected = rng.round_to_bf16(x, words if sr else None)

@@ -59,18 +59,28 @@ TEST_F(RngTest, StreamKeyWrapsAndComposes) {
   EXPECT_NE(cpu::stream_key(1, 1, 0), cpu::stream_key(1, 2, 0));
 }
 
-TEST_F(RngTest, RandomWordsAreWordZeroOfPhiloxAtTheElementCounter) {
+TEST_F(RngTest, RandomWordsAreTheHalfWordsOfPhiloxAtTheGroupCounter) {
+  // Format 2: index i takes half i & 1 of word (i >> 1) & 3 of Philox at j = i >> 3; runs that
+  // start and end inside a group, and groups past 2^32, as a shard's offset puts them.
   const std::uint64_t key = 0x0123456789ABCDEFull;
-  for (std::int64_t first : {std::int64_t(0), std::int64_t(4294967290LL), std::int64_t(1) << 40}) {
-    for (std::uint32_t stream : {0u, 1u, 2u}) {
-      std::vector<std::uint32_t> words(37);
-      cpu::random_words(key, first, 37, stream, words.data());
-      for (int j = 0; j < 37; ++j) {
-        const std::uint64_t i = static_cast<std::uint64_t>(first + j);
-        const std::uint32_t ctr[4] = {static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32), stream, 0};
-        std::uint32_t out[4];
-        cpu::philox4x32_10(static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32), ctr, out);
-        ASSERT_EQ(words[j], out[0]) << "first " << first << " j " << j << " stream " << stream;
+  for (std::int64_t first : {std::int64_t(0), std::int64_t(5), std::int64_t(4294967290LL),
+                             (std::int64_t(1) << 40) + 3}) {
+    for (std::int64_t count : {std::int64_t(1), std::int64_t(7), std::int64_t(37)}) {
+      for (std::uint32_t stream : {0u, 1u, 2u}) {
+        std::vector<std::uint32_t> words(static_cast<std::size_t>(count));
+        cpu::random_words(key, first, count, stream, words.data());
+        for (std::int64_t k = 0; k < count; ++k) {
+          const std::uint64_t i = static_cast<std::uint64_t>(first + k);
+          const std::uint64_t j = i >> 3;
+          const std::uint32_t ctr[4] = {static_cast<std::uint32_t>(j),
+                                        static_cast<std::uint32_t>(j >> 32), stream, 0};
+          std::uint32_t out[4];
+          cpu::philox4x32_10(static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32),
+                             ctr, out);
+          const std::uint32_t want = (out[(i >> 1) & 3] >> (16 * (i & 1))) & 0xFFFFu;
+          ASSERT_EQ(words[static_cast<std::size_t>(k)], want)
+              << "first " << first << " count " << count << " k " << k << " stream " << stream;
+        }
       }
     }
   }

@@ -114,7 +114,8 @@ std::uint64_t splitmix64(std::uint64_t z) noexcept;
 std::uint64_t stream_key(std::uint64_t seed, std::int64_t t, std::int64_t k) noexcept;
 void philox4x32_10(std::uint32_t key0, std::uint32_t key1, const std::uint32_t ctr[4],
                    std::uint32_t out[4]) noexcept;
-// R(i, stream) for elements [first, first + count) of a tensor: word 0 of Philox.
+// R16(i, stream) for elements [first, first + count) of a tensor (rounding stream format 2:
+// half i & 1 of word (i >> 1) & 3 of Philox(j = i >> 3)), values below 2^16.
 void random_words(std::uint64_t key, std::int64_t first, std::int64_t count, std::uint32_t stream,
                   std::uint32_t* out) noexcept;
 

@@ -91,15 +91,60 @@ void philox4x32_10(std::uint32_t key0, std::uint32_t key1, const std::uint32_t c
 
 void random_words(std::uint64_t key, std::int64_t first, std::int64_t count, std::uint32_t stream,
                   std::uint32_t* out) noexcept {
+  // Rounding stream format 2 (docs/tdclm.md): index i takes half h = i & 1 of word
+  // w = (i >> 1) & 3 of Philox(counter = (lo32(j), hi32(j), stream, 0)), j = i >> 3. One Philox
+  // call per group of eight: a partial group at either end, then whole groups in a loop the
+  // compiler vectorises (the rounds inline, groups in the lanes).
+  if (count <= 0) return;
   const std::uint32_t key0 = static_cast<std::uint32_t>(key);
   const std::uint32_t key1 = static_cast<std::uint32_t>(key >> 32);
-  // One Philox per index, over a range (the rounds inline, so the compiler vectorises the loop).
-  for (std::int64_t j = 0; j < count; ++j) {
-    const std::uint64_t i = static_cast<std::uint64_t>(first + j);
-    std::uint32_t c0 = static_cast<std::uint32_t>(i), c1 = static_cast<std::uint32_t>(i >> 32);
+  const std::int64_t end = first + count;
+  auto group = [&](std::uint64_t j, std::uint32_t w[4]) {
+    std::uint32_t c0 = static_cast<std::uint32_t>(j), c1 = static_cast<std::uint32_t>(j >> 32);
     std::uint32_t c2 = stream, c3 = 0;
     philox_rounds(c0, c1, c2, c3, key0, key1);
-    out[j] = c0;
+    w[0] = c0;
+    w[1] = c1;
+    w[2] = c2;
+    w[3] = c3;
+  };
+  auto half = [](const std::uint32_t w[4], std::int64_t i) -> std::uint32_t {
+    const int p = static_cast<int>(i & 7);
+    return (w[p >> 1] >> (16 * (p & 1))) & 0xFFFFu;
+  };
+  std::int64_t i = first;
+  // a group the run starts inside
+  if (i & 7) {
+    std::uint32_t w[4];
+    group(static_cast<std::uint64_t>(i) >> 3, w);
+    const std::int64_t stop = std::min<std::int64_t>(end, (i | 7) + 1);
+    for (; i < stop; ++i) out[i - first] = half(w, i);
+  }
+  // whole groups
+  const std::int64_t groups = (end - i) >> 3;
+  std::uint32_t* dst = out + (i - first);
+  const std::uint64_t j0 = static_cast<std::uint64_t>(i) >> 3;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const std::uint64_t j = j0 + static_cast<std::uint64_t>(g);
+    std::uint32_t c0 = static_cast<std::uint32_t>(j), c1 = static_cast<std::uint32_t>(j >> 32);
+    std::uint32_t c2 = stream, c3 = 0;
+    philox_rounds(c0, c1, c2, c3, key0, key1);
+    std::uint32_t* o = dst + 8 * g;
+    o[0] = c0 & 0xFFFFu;
+    o[1] = c0 >> 16;
+    o[2] = c1 & 0xFFFFu;
+    o[3] = c1 >> 16;
+    o[4] = c2 & 0xFFFFu;
+    o[5] = c2 >> 16;
+    o[6] = c3 & 0xFFFFu;
+    o[7] = c3 >> 16;
+  }
+  i += groups * 8;
+  // a partial group at the end
+  if (i < end) {
+    std::uint32_t w[4];
+    group(static_cast<std::uint64_t>(i) >> 3, w);
+    for (; i < end; ++i) out[i - first] = half(w, i);
   }
 }
 

@@ -33,14 +33,42 @@ def _seed_tk(seed, t, k):
 
 
 @triton.jit
-def _random_word(key, idx, STREAM: tl.constexpr):
-    """R(i, stream): word 0 of Philox4x32-10(key, counter = (lo32(i), hi32(i), stream, 0))."""
-    idx = idx.to(tl.int64)
-    lo = idx.to(tl.uint32)
-    hi = (idx >> 32).to(tl.uint32)
+def _pick_half(w0, w1, w2, w3, p):
+    """(W_{p>>1} >> (16 * (p & 1))) & 0xFFFF for positions p in 0..7 of a group of eight."""
+    w = p >> 1
+    word = tl.where(w >= 2, tl.where(w == 3, w3, w2), tl.where(w == 1, w1, w0))
+    return (word >> ((p & 1) * 16)) & 0xFFFF
+
+
+@triton.jit
+def _stream_words16(key, g0, STREAM: tl.constexpr, BLOCK: tl.constexpr):
+    """R16(i, STREAM) for the BLOCK consecutive global indices i = g0 .. g0 + BLOCK - 1
+    (rounding stream format 2, docs/tdclm.md): uint32 values below 2**16.
+
+    Worked on a [BLOCK/8, 8] tile: row r holds the indices g0 + 8r .. g0 + 8r + 7, so one
+    Philox call (on the group j = i >> 3) serves a row when g0 is a multiple of 8; a block
+    that starts inside a group (a shard whose offset is not a multiple of 8) takes two, the
+    row's group and the next, and each element picks its word from the one it falls in."""
+    G: tl.constexpr = BLOCK // 8
+    g0 = g0.to(tl.int64)
+    r = tl.arange(0, G)[:, None].to(tl.int64)
+    c = tl.arange(0, 8)[None, :]
+    s = (g0 & 7).to(tl.int32)
+    j0 = (g0 >> 3) + r
+    lo = j0.to(tl.uint32)
+    hi = (j0 >> 32).to(tl.uint32)
     zero = lo * 0
-    r0, _r1, _r2, _r3 = tl.philox(key, lo, hi, zero + STREAM, zero, 10)
-    return r0
+    a0, a1, a2, a3 = tl.philox(key, lo, hi, zero + STREAM, zero, 10)
+    p = (s + c) & 7
+    if s == 0:
+        out = _pick_half(a0, a1, a2, a3, p)
+    else:
+        j1 = j0 + 1
+        lo1 = j1.to(tl.uint32)
+        hi1 = (j1 >> 32).to(tl.uint32)
+        b0, b1, b2, b3 = tl.philox(key, lo1, hi1, zero + STREAM, zero, 10)
+        out = tl.where(s + c >= 8, _pick_half(b0, b1, b2, b3, p), _pick_half(a0, a1, a2, a3, p))
+    return tl.reshape(out, [BLOCK])
 
 
 if INTERPRET:
@@ -62,16 +90,17 @@ else:
 
 @triton.jit
 def _to_bf16_bits(x, R, SR: tl.constexpr):
-    """float32 -> bfloat16: stochastic with word R when SR (finite x), else round to nearest even.
+    """float32 -> bfloat16: stochastic with the 16-bit values R when SR (finite x), else round to
+    nearest even.
 
     Done on the bits (the same integer operations compiled and interpreted): finite x adds
-    (R & 0xFFFF) under SR, or 0x7FFF + lsb for round-to-nearest-even, and keeps the upper half;
+    R under SR, or 0x7FFF + lsb for round-to-nearest-even, and keeps the upper half;
     +-inf keeps its upper half; NaN becomes 0x7FC0 (any NaN would do: docs/internals.md).
     """
     bits = x.to(tl.uint32, bitcast=True)
     finite = (bits & 0x7F800000) != 0x7F800000
     if SR:
-        add = R & 0xFFFF
+        add = R
     else:
         add = 0x7FFF + ((bits >> 16) & 1)
     rounded = (bits + add) >> 16
@@ -91,13 +120,15 @@ def _to_bf16(x, R, SR: tl.constexpr):
 
 
 @triton.jit
-def _to_storage(x, DTYPE: tl.constexpr, SR: tl.constexpr, key, idx, STREAM: tl.constexpr):
-    """Round float32 x to its storage dtype (step 8 of docs/internals.md); returns that dtype."""
+def _to_storage(x, DTYPE: tl.constexpr, SR: tl.constexpr, key, g0, STREAM: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Round float32 x (the BLOCK elements from global index g0 on) to its storage dtype
+    (step 8 of docs/internals.md); returns that dtype."""
     if DTYPE == 0:
         return x
     elif DTYPE == 1:
         if SR:
-            return _to_bf16(x, _random_word(key, idx, STREAM), 1)
+            return _to_bf16(x, _stream_words16(key, g0, STREAM, BLOCK), 1)
         else:
             return _to_bf16(x, 0, 0)
     else:

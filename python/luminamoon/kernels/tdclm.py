@@ -224,8 +224,8 @@ def _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2):
 
 
 @triton.jit
-def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
-                   S_DTYPE: tl.constexpr, SR: tl.constexpr):
+def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
+                   S_DTYPE: tl.constexpr, SR: tl.constexpr, BLOCK: tl.constexpr):
     """Steps 1-4 of docs/internals.md; pass 1 and pass 2 both call this, so their u agree.
 
     Returns (m', v') rounded to the state dtype (in that dtype) and u (float32).
@@ -237,8 +237,8 @@ def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
     m_new = beta1 * m + ((1.0 - beta1) * sign) * g
     v_new = beta2 * v + (1.0 - beta2) * (g * g)
     # 3. round moments to their storage dtype (streams 1 and 2)
-    m_st = _to_storage(m_new, S_DTYPE, SR, key, idx, 1)
-    v_st = _to_storage(v_new, S_DTYPE, SR, key, idx, 2)
+    m_st = _to_storage(m_new, S_DTYPE, SR, key, g0, 1, BLOCK)
+    v_st = _to_storage(v_new, S_DTYPE, SR, key, g0, 2, BLOCK)
     m_r = _storage_to_f32(m_st, S_DTYPE)
     v_r = _storage_to_f32(v_st, S_DTYPE)
     # 4. Adam direction
@@ -281,7 +281,7 @@ def _program_constants(table, row, step_addr, seed, param_index, beta1, beta2, N
 
 
 @triton.jit
-def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, table, row, step_addr, seed,
+def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr, seed,
                     param_index, sign, beta1, beta2, eps,
                     G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
                     NEED_SUM: tl.constexpr):
@@ -295,7 +295,7 @@ def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, table, row, step_addr,
         _t, rbc1, rbc2, key = _program_constants(table, row, step_addr, seed, param_index, beta1,
                                                  beta2, SR)
         _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key,
-                                         idx, S_DTYPE, SR)
+                                         g0, S_DTYPE, SR, offs.shape[0])
         s = tl.sum(tl.where(mask, u * u, 0.0), axis=0)
     else:
         s = bad.to(tl.float32) * 0.0
@@ -303,7 +303,7 @@ def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, table, row, step_addr,
 
 
 @triton.jit
-def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
+def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
                     beta2, eps, rbc1, rbc2, decay, tau, bound,
                     P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
                     SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr):
@@ -312,8 +312,8 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr
     m = _load_f32(m_ptr, offs, mask, S_DTYPE)
     v = _load_f32(v_ptr, offs, mask, S_DTYPE)
     p = _load_f32(p_ptr, offs, mask, P_DTYPE)
-    m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, idx,
-                                   S_DTYPE, SR)
+    m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
+                                   S_DTYPE, SR, offs.shape[0])
     # 5. soft clip (pass 2 only)
     if USE_CLIP:
         # tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads, nonfinite="propagate")
@@ -334,7 +334,7 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr
         q = tl.minimum(tl.maximum(q, p0 - r, propagate_nan=tl.PropagateNan.ALL), p0 + r,
                        propagate_nan=tl.PropagateNan.ALL)
     # 8. store p (stream 0), m, v, each rounded to its storage dtype
-    tl.store(p_ptr + offs, _to_storage(q, P_DTYPE, SR, key, idx, 0), mask=mask)
+    tl.store(p_ptr + offs, _to_storage(q, P_DTYPE, SR, key, g0, 0, offs.shape[0]), mask=mask)
     tl.store(m_ptr + offs, m_st, mask=mask)
     tl.store(v_ptr + offs, v_st, mask=mask)
 
@@ -382,7 +382,7 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
         tau = clip * tl.sqrt_rn(tl.div_rn(s_sum, global_numel.to(tl.float32)))
     else:
         tau = clip * 0.0
-    idx = elem_offset + offs
+    g0 = elem_offset + start  # the global flat index of the block's first element
     # every element's mask also carries the step's skip decision (one int1 for the program;
     # an int1 tensor, not a Python bool, so that every Triton's interpreter takes it as a mask)
     if CHECK_FLAG:
@@ -392,12 +392,12 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     if start + BLOCK <= numel:
         # a full block: the mask is uniform, so accesses stay 16-byte vectors
         mask = (tl.full([BLOCK], 1, tl.int1)) & ok
-        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
+        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
                         beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
                         BOUND_MODE, USE_CLIP)
     else:
         mask = (offs < numel) & ok
-        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, idx, key, lr, sign, beta1,
+        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
                         beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
                         BOUND_MODE, USE_CLIP)
 
@@ -432,15 +432,15 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
-    idx = elem_offset + offs
+    g0 = elem_offset + start  # the global flat index of the block's first element
     if start + BLOCK <= numel:
         mask = tl.full([BLOCK], 1, tl.int1)
-        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, table, row, step_addr,
+        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
                                  seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
                                  NEED_SUM)
     else:
         mask = offs < numel
-        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, idx, table, row, step_addr,
+        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
                                  seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
                                  NEED_SUM)
     tl.store(partial_sum + pid, s)

@@ -1,10 +1,12 @@
-"""The random streams of stochastic rounding, in plain PyTorch integer ops.
+"""optimizer/rng.py: the random streams of stochastic rounding, in plain PyTorch integer ops.
 
 This module is the reference for the bits every backend draws (docs/tdclm.md, "Random
-streams"):
+streams", format 2: one Philox call serves eight consecutive elements of one stream):
 
     seed_tk = splitmix64(splitmix64(seed + t) + k)      (uint64, wrapping)
-    R(i, s) = word 0 of Philox4x32-10(key = seed_tk, counter = (lo32(i), hi32(i), s, 0))
+    j = i >> 3,  w = (i >> 1) & 3,  h = i & 1
+    (W0, W1, W2, W3) = Philox4x32-10(key = seed_tk, counter = (lo32(j), hi32(j), s, 0))
+    R16(i, s) = (W_w >> (16 * h)) & 0xFFFF
 
 torch has no unsigned 32/64-bit arithmetic that works on every device, so uint32 words are
 held in int64 tensors (values in [0, 2**32)) and a uint64 is held as a pair of such words
@@ -16,7 +18,9 @@ Public helpers:
   philox4x32_10(key, c0, c1, c2, c3)     the four output words (int64 tensors of uint32)
   splitmix64(z)                          the scalar mixer on Python ints
   rounding_seed(seed, t, k)              seed_tk on Python ints
-  random_words(seed, t, k, index, stream) R for every element index (t an int or a tensor)
+  random_words(seed, t, k, index, stream) R16 for every element index (t an int or a tensor)
+  stream_words(key, first, count, stream, device)  R16 for a run of consecutive indices, one
+                                         Philox call per group of eight
   round_to_bf16(x, words)                float32 -> bfloat16, stochastic where words are given
 """
 from __future__ import annotations
@@ -30,6 +34,7 @@ __all__ = [
     "splitmix64",
     "rounding_seed",
     "random_words",
+    "stream_words",
     "round_to_bf16",
 ]
 
@@ -183,22 +188,55 @@ def _key_words(seed: int, t: Union[int, torch.Tensor], k: int):
     return _u64_split(rounding_seed(seed, t, k))
 
 
+def _halves(words: Tuple[Word, Word, Word, Word], w: torch.Tensor, h: torch.Tensor
+            ) -> torch.Tensor:
+    """(W_w >> (16 h)) & 0xFFFF, elementwise, for word selectors w in 0..3 and halves h."""
+    w0, w1, w2, w3 = words
+    word = torch.where(w >= 2, torch.where(w == 3, w3, w2), torch.where(w == 1, w1, w0))
+    return (word >> (16 * h)) & 0xFFFF
+
+
 def random_words(seed: int, t: Union[int, torch.Tensor], k: int, index: torch.Tensor,
                  stream: int) -> torch.Tensor:
-    """R(i, stream) for every global element index ``i`` in ``index`` (an int64 tensor).
+    """R16(i, stream) for every global element index ``i`` in ``index`` (an int64 tensor).
 
     ``t`` is the step being applied (the stored count + 1): a Python int or a 0-dim int64
-    tensor (on ``index``'s device). Returns an int64 tensor of uint32 words, shaped as ``index``.
+    tensor (on ``index``'s device). Returns an int64 tensor of 16-bit values, shaped as
+    ``index``. (One Philox call per element here: a check of the definition; the backends
+    and :func:`stream_words` call it once per group of eight.)
     """
     if not isinstance(index, torch.Tensor) or index.dtype != torch.int64:
         raise TypeError("random_words: index must be an int64 tensor of global element indices")
     key = _key_words(seed, t, k)
-    c0 = index & MASK32
-    c1 = (index >> 32) & MASK32
-    w0, _, _, _ = philox4x32_10(key, c0, c1, int(stream), 0)
-    if not isinstance(w0, torch.Tensor):  # pragma: no cover - index is always a tensor
-        w0 = torch.tensor(w0, dtype=torch.int64)
-    return w0.expand_as(index) if w0.shape != index.shape else w0
+    j = index >> 3
+    words = philox4x32_10(key, j & MASK32, (j >> 32) & MASK32, int(stream), 0)
+    words = tuple(wd if isinstance(wd, torch.Tensor) else torch.tensor(wd, dtype=torch.int64)
+                  for wd in words)
+    out = _halves(words, (index >> 1) & 3, index & 1)
+    return out.expand_as(index) if out.shape != index.shape else out
+
+
+def stream_words(key, first: int, count: int, stream: int, device) -> torch.Tensor:
+    """R16(i, stream) for i in [first, first + count): an int64 tensor of ``count`` 16-bit values
+    on ``device``, from one Philox call per group of eight indices.
+
+    ``key``: seed_tk as a Python int, or a (lo, hi) pair of uint32 words (0-dim int64 tensors
+    computed on the device, as rounding_seed_words gives). ``first`` and ``count`` are host
+    integers (a tensor's elem_offset and numel): nothing here waits for the device.
+    """
+    if count <= 0:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    j0, j1 = first >> 3, (first + count - 1) >> 3
+    j = torch.arange(j0, j1 + 1, dtype=torch.int64, device=device)
+    w0, w1, w2, w3 = (wd if isinstance(wd, torch.Tensor) else torch.tensor(wd, device=device)
+                      for wd in philox4x32_10(key, j & MASK32, (j >> 32) & MASK32,
+                                              int(stream), 0))
+    lo = lambda x: x & 0xFFFF  # noqa: E731
+    hi = lambda x: x >> 16  # noqa: E731
+    # the eight values of each group, in index order: (w, h) = (0,0) (0,1) (1,0) ... (3,1)
+    group = torch.stack([lo(w0), hi(w0), lo(w1), hi(w1), lo(w2), hi(w2), lo(w3), hi(w3)], dim=1)
+    start = first & 7
+    return group.reshape(-1)[start:start + count]
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,8 +245,8 @@ def random_words(seed: int, t: Union[int, torch.Tensor], k: int, index: torch.Te
 def round_to_bf16(x: torch.Tensor, words: Optional[torch.Tensor]) -> torch.Tensor:
     """float32 ``x`` to bfloat16.
 
-    With ``words`` (int64 tensor of uint32, shaped as ``x``): finite elements round
-    stochastically, ``(bits(x) + (R & 0xFFFF)) >> 16``; non-finite ones round to nearest even.
+    With ``words`` (int64 tensor of 16-bit values, shaped as ``x``): finite elements round
+    stochastically, ``(bits(x) + R16) >> 16``; non-finite ones round to nearest even.
     Without ``words``: round to nearest even everywhere.
     """
     if x.dtype != torch.float32:

@@ -123,18 +123,13 @@ class _TensorStep:
         self.one_minus_beta1 = float(ones - h.beta1)
         self.one_minus_beta2 = float(ones - h.beta2)
         self._key = None
-        self._index = None
 
     # -- random words -------------------------------------------------------------------
     def words(self, stream: int) -> torch.Tensor:
+        """R16 of this tensor's elements for ``stream`` (format 2: one Philox per eight)."""
         if self._key is None:
             self._key = rng.rounding_seed_words(self.group.seed, self.t, self.k)
-            self._index = torch.arange(self.numel, dtype=torch.int64, device=self.param.device)
-            if self.offset:
-                self._index += self.offset
-        w0, _, _, _ = rng.philox4x32_10(self._key, self._index & rng.MASK32,
-                                        (self._index >> 32) & rng.MASK32, stream, 0)
-        return w0
+        return rng.stream_words(self._key, self.offset, self.numel, stream, self.param.device)
 
     def store_round(self, x: torch.Tensor, dtype: torch.dtype, stream: int) -> torch.Tensor:
         words = self.words(stream) if _sr_dtype_active(self.group, dtype) else None
