@@ -233,10 +233,11 @@ if IN_PROCESS:
     # the seed is a kernel argument, as in the kernels
 
     @triton.jit
-    def _words_kernel(out, key_out, tko, seed, n, STREAM: tl.constexpr, BLOCK: tl.constexpr):
-        offs = tl.arange(0, BLOCK)
+    def _words_kernel(out, key_out, tko, seed, n, STREAM: tl.constexpr, BLOCK: tl.constexpr,
+                      ALIGNED: tl.constexpr):
+        offs = tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]  # the tile
         key = rounding._seed_tk(seed, tl.load(tko), tl.load(tko + 1))
-        w = rounding._stream_words16(key, tl.load(tko + 2), STREAM, BLOCK)
+        w = rounding._stream_words16(key, tl.load(tko + 2), STREAM, BLOCK, ALIGNED)
         tl.store(out + offs, w.to(tl.int64), mask=offs < n)
         tl.store(key_out, key.to(tl.int64, bitcast=True))
 
@@ -275,11 +276,14 @@ def test_random_words_equal_reference_rng(seed, stream):
         out = torch.empty(n, dtype=torch.int64)
         key = torch.empty(1, dtype=torch.int64)
         tko = torch.tensor([t, k, offset], dtype=torch.int64)
-        _words_kernel[(1,)](out, key, tko, signed64(seed), n, STREAM=stream, BLOCK=512)
         index = torch.arange(n, dtype=torch.int64) + offset
         expected = rng.random_words(seed, t, k, index, stream)
-        assert int(key) & 0xFFFFFFFFFFFFFFFF == rng.rounding_seed(seed, t, k)
-        assert torch.equal(out, expected), f"seed {seed:#x} t {t} k {k} offset {offset}"
+        # the aligned path (one Philox a row) where the offset allows it; the general one always
+        for aligned in ((0, 1) if offset % 8 == 0 else (0,)):
+            _words_kernel[(1,)](out, key, tko, signed64(seed), n, STREAM=stream, BLOCK=512,
+                                ALIGNED=aligned)
+            assert int(key) & 0xFFFFFFFFFFFFFFFF == rng.rounding_seed(seed, t, k)
+            assert torch.equal(out, expected), f"seed {seed:#x} t {t} k {k} offset {offset}"
 
 
 @in_process

@@ -41,34 +41,34 @@ def _pick_half(w0, w1, w2, w3, p):
 
 
 @triton.jit
-def _stream_words16(key, g0, STREAM: tl.constexpr, BLOCK: tl.constexpr):
+def _stream_words16(key, g0, STREAM: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """R16(i, STREAM) for the BLOCK consecutive global indices i = g0 .. g0 + BLOCK - 1
-    (rounding stream format 2, docs/tdclm.md): uint32 values below 2**16.
+    (rounding stream format 2, docs/tdclm.md), as the [BLOCK/8, 8] tile the kernels work on:
+    uint32 values below 2**16.
 
-    Worked on a [BLOCK/8, 8] tile: row r holds the indices g0 + 8r .. g0 + 8r + 7, so one
-    Philox call (on the group j = i >> 3) serves a row when g0 is a multiple of 8; a block
-    that starts inside a group (a shard whose offset is not a multiple of 8) takes two, the
-    row's group and the next, and each element picks its word from the one it falls in."""
+    ALIGNED (g0 a multiple of 8, every unsharded tensor): row r is the group j = g0/8 + r and
+    one Philox call serves it; a thread holding a row's elements computes its words once. Else
+    (a shard that starts inside a group) each row straddles two groups, takes two calls, and
+    each element picks its word from the one it falls in. The kernels take the two paths in
+    separate branches, so neither shapes the other's register layout."""
     G: tl.constexpr = BLOCK // 8
     g0 = g0.to(tl.int64)
-    r = tl.arange(0, G)[:, None].to(tl.int64)
-    c = tl.arange(0, 8)[None, :]
-    s = (g0 & 7).to(tl.int32)
-    j0 = (g0 >> 3) + r
-    lo = j0.to(tl.uint32)
-    hi = (j0 >> 32).to(tl.uint32)
+    j = (g0 >> 3) + tl.arange(0, G)[:, None].to(tl.int64)
+    lo = j.to(tl.uint32)
+    hi = (j >> 32).to(tl.uint32)
     zero = lo * 0
-    a0, a1, a2, a3 = tl.philox(key, lo, hi, zero + STREAM, zero, 10)
-    p = (s + c) & 7
-    if s == 0:
-        out = _pick_half(a0, a1, a2, a3, p)
+    w0, w1, w2, w3 = tl.philox(key, lo, hi, zero + STREAM, zero, 10)
+    c = tl.arange(0, 8)[None, :]
+    if ALIGNED:
+        return _pick_half(w0, w1, w2, w3, c)
     else:
-        j1 = j0 + 1
+        s = (g0 & 7).to(tl.int32)
+        p = (s + c) & 7
+        j1 = j + 1
         lo1 = j1.to(tl.uint32)
         hi1 = (j1 >> 32).to(tl.uint32)
         b0, b1, b2, b3 = tl.philox(key, lo1, hi1, zero + STREAM, zero, 10)
-        out = tl.where(s + c >= 8, _pick_half(b0, b1, b2, b3, p), _pick_half(a0, a1, a2, a3, p))
-    return tl.reshape(out, [BLOCK])
+        return tl.where(s + c >= 8, _pick_half(b0, b1, b2, b3, p), _pick_half(w0, w1, w2, w3, p))
 
 
 if INTERPRET:
@@ -121,14 +121,14 @@ def _to_bf16(x, R, SR: tl.constexpr):
 
 @triton.jit
 def _to_storage(x, DTYPE: tl.constexpr, SR: tl.constexpr, key, g0, STREAM: tl.constexpr,
-                BLOCK: tl.constexpr):
+                BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """Round float32 x (the BLOCK elements from global index g0 on) to its storage dtype
     (step 8 of docs/internals.md); returns that dtype."""
     if DTYPE == 0:
         return x
     elif DTYPE == 1:
         if SR:
-            return _to_bf16(x, _stream_words16(key, g0, STREAM, BLOCK), 1)
+            return _to_bf16(x, _stream_words16(key, g0, STREAM, BLOCK, ALIGNED), 1)
         else:
             return _to_bf16(x, 0, 0)
     else:

@@ -225,7 +225,8 @@ def _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2):
 
 @triton.jit
 def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
-                   S_DTYPE: tl.constexpr, SR: tl.constexpr, BLOCK: tl.constexpr):
+                   S_DTYPE: tl.constexpr, SR: tl.constexpr, BLOCK: tl.constexpr,
+                   ALIGNED: tl.constexpr):
     """Steps 1-4 of docs/internals.md; pass 1 and pass 2 both call this, so their u agree.
 
     Returns (m', v') rounded to the state dtype (in that dtype) and u (float32).
@@ -237,8 +238,8 @@ def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
     m_new = beta1 * m + ((1.0 - beta1) * sign) * g
     v_new = beta2 * v + (1.0 - beta2) * (g * g)
     # 3. round moments to their storage dtype (streams 1 and 2)
-    m_st = _to_storage(m_new, S_DTYPE, SR, key, g0, 1, BLOCK)
-    v_st = _to_storage(v_new, S_DTYPE, SR, key, g0, 2, BLOCK)
+    m_st = _to_storage(m_new, S_DTYPE, SR, key, g0, 1, BLOCK, ALIGNED)
+    v_st = _to_storage(v_new, S_DTYPE, SR, key, g0, 2, BLOCK, ALIGNED)
     m_r = _storage_to_f32(m_st, S_DTYPE)
     v_r = _storage_to_f32(v_st, S_DTYPE)
     # 4. Adam direction
@@ -254,17 +255,20 @@ def _is_finite(x):
 
 @triton.jit
 def _block_offsets(pid, block_start, BLOCK: tl.constexpr, VEC: tl.constexpr):
-    """int64 element offsets of this program's block inside its tensor (tensors > 2**31 elems).
+    """int64 element offsets of this program's block inside its tensor (tensors > 2**31 elems),
+    as a [BLOCK/8, 8] tile: row r holds elements 8r .. 8r + 7 of the block, for an unsharded
+    tensor a group of eight of the rounding streams (one Philox call serves a row,
+    docs/tdclm.md "Random streams").
 
-    VEC: the contiguous run each thread owns. BLOCK lets every tensor take its widest access
-    (16 bytes); 4 keeps 32-bit and 16-bit tensors of one kernel in one register layout
+    VEC: the contiguous run each thread owns along a row. 8 lets every tensor take its widest
+    access (16 bytes); 4 keeps 32-bit and 16-bit tensors of one kernel in one register layout
     (16-byte accesses for 32-bit data, 8-byte for 16-bit data) so that no layout conversion
     through shared memory sits between the loads and the arithmetic.
     """
     local_block = pid - block_start
     start = local_block.to(tl.int64) * BLOCK
-    offs = start + tl.arange(0, BLOCK)
-    offs = tl.max_contiguous(tl.multiple_of(offs, BLOCK), VEC)
+    offs = start + (tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :])
+    offs = tl.max_contiguous(tl.multiple_of(offs, [8, 8]), [1, VEC])
     return start, offs
 
 
@@ -284,19 +288,19 @@ def _program_constants(table, row, step_addr, seed, param_index, beta1, beta2, N
 def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr, seed,
                     param_index, sign, beta1, beta2, eps,
                     G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
-                    NEED_SUM: tl.constexpr):
+                    NEED_SUM: tl.constexpr, ALIGNED: tl.constexpr):
     """(sum of u*u, any non-finite grad) over one block of elements."""
     g_raw = _load_f32(g_ptr, offs, mask, G_DTYPE)
     if NEED_SUM:
         m = _load_f32(m_ptr, offs, mask, S_DTYPE)
         v = _load_f32(v_ptr, offs, mask, S_DTYPE)
-    bad = tl.max((mask & (_is_finite(g_raw) == 0)).to(tl.int32), axis=0)
+    bad = tl.max(tl.max((mask & (_is_finite(g_raw) == 0)).to(tl.int32), axis=1), axis=0)
     if NEED_SUM:
         _t, rbc1, rbc2, key = _program_constants(table, row, step_addr, seed, param_index, beta1,
                                                  beta2, SR)
         _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key,
-                                         g0, S_DTYPE, SR, offs.shape[0])
-        s = tl.sum(tl.where(mask, u * u, 0.0), axis=0)
+                                         g0, S_DTYPE, SR, offs.shape[0] * 8, ALIGNED)
+        s = tl.sum(tl.sum(tl.where(mask, u * u, 0.0), axis=1), axis=0)
     else:
         s = bad.to(tl.float32) * 0.0
     return s, bad
@@ -306,14 +310,16 @@ def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr, 
 def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
                     beta2, eps, rbc1, rbc2, decay, tau, bound,
                     P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
-                    SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr):
-    """Steps 1-8 of docs/internals.md over one block of elements."""
+                    SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
+                    ALIGNED: tl.constexpr):
+    """Steps 1-8 of docs/internals.md over one block of elements (ALIGNED: its first global
+    index is a multiple of 8)."""
     g_raw = _load_f32(g_ptr, offs, mask, G_DTYPE)
     m = _load_f32(m_ptr, offs, mask, S_DTYPE)
     v = _load_f32(v_ptr, offs, mask, S_DTYPE)
     p = _load_f32(p_ptr, offs, mask, P_DTYPE)
     m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
-                                   S_DTYPE, SR, offs.shape[0])
+                                   S_DTYPE, SR, offs.shape[0] * 8, ALIGNED)
     # 5. soft clip (pass 2 only)
     if USE_CLIP:
         # tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads, nonfinite="propagate")
@@ -334,7 +340,8 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr,
         q = tl.minimum(tl.maximum(q, p0 - r, propagate_nan=tl.PropagateNan.ALL), p0 + r,
                        propagate_nan=tl.PropagateNan.ALL)
     # 8. store p (stream 0), m, v, each rounded to its storage dtype
-    tl.store(p_ptr + offs, _to_storage(q, P_DTYPE, SR, key, g0, 0, offs.shape[0]), mask=mask)
+    tl.store(p_ptr + offs, _to_storage(q, P_DTYPE, SR, key, g0, 0, offs.shape[0] * 8, ALIGNED),
+             mask=mask)
     tl.store(m_ptr + offs, m_st, mask=mask)
     tl.store(v_ptr + offs, v_st, mask=mask)
 
@@ -363,7 +370,7 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     if MIXED:
         start, offs = _block_offsets(pid, block_start, BLOCK, 4)
     else:
-        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK)
+        start, offs = _block_offsets(pid, block_start, BLOCK, 8)
     p_ptr = _elem_ptr(p_addr, P_DTYPE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
@@ -388,18 +395,24 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     if CHECK_FLAG:
         ok = _step_applies(found_inf, offs)
     else:
-        ok = tl.full([BLOCK], 1, tl.int1)
-    if start + BLOCK <= numel:
-        # a full block: the mask is uniform, so accesses stay 16-byte vectors
-        mask = (tl.full([BLOCK], 1, tl.int1)) & ok
+        ok = tl.full([BLOCK // 8, 8], 1, tl.int1)
+    if SR and (elem_offset & 7) != 0:
+        # a shard that starts inside a group of eight: two Philox calls a row, masked accesses
+        mask = (offs < numel) & ok
         _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
                         beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
-                        BOUND_MODE, USE_CLIP)
+                        BOUND_MODE, USE_CLIP, 0)
+    elif start + BLOCK <= numel:
+        # a full block: the mask is uniform, so accesses stay 16-byte vectors
+        mask = (tl.full([BLOCK // 8, 8], 1, tl.int1)) & ok
+        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
+                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
+                        BOUND_MODE, USE_CLIP, 1)
     else:
         mask = (offs < numel) & ok
         _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
                         beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
-                        BOUND_MODE, USE_CLIP)
+                        BOUND_MODE, USE_CLIP, 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -428,21 +441,27 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     if MIXED:
         start, offs = _block_offsets(pid, block_start, BLOCK, 4)
     else:
-        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK)
+        start, offs = _block_offsets(pid, block_start, BLOCK, 8)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
     g0 = elem_offset + start  # the global flat index of the block's first element
-    if start + BLOCK <= numel:
-        mask = tl.full([BLOCK], 1, tl.int1)
+    # (the moments' rounding words matter only with bf16 moments and a sum to take)
+    if SR and NEED_SUM and S_DTYPE == 1 and (elem_offset & 7) != 0:
+        mask = offs < numel
         s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
                                  seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
-                                 NEED_SUM)
+                                 NEED_SUM, 0)
+    elif start + BLOCK <= numel:
+        mask = tl.full([BLOCK // 8, 8], 1, tl.int1)
+        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
+                                 seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
+                                 NEED_SUM, 1)
     else:
         mask = offs < numel
         s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
                                  seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
-                                 NEED_SUM)
+                                 NEED_SUM, 1)
     tl.store(partial_sum + pid, s)
     tl.store(partial_bad + pid, bad)
 
