@@ -1,4 +1,6 @@
-"""Optimizer-step benchmark: LuminaMoon's Triton backend against torch.optim.AdamW.
+"""Optimizer-step benchmark: LuminaMoon's Triton backend against torch.optim.AdamW and the
+peers a user would pick for the job (torchao's AdamW with bf16 stochastic rounding, optimi's
+AdamW), where they are installed.
 
 For each case (a set of parameter shapes and dtypes), mode and implementation it measures:
 - us/step: device time of one ``optimizer.step()`` (CUDA events, median over the timed steps);
@@ -117,6 +119,8 @@ MODES: Dict[str, dict] = {
                         state_dtype=BF16),
     "adamw-bf16m-rne": dict(clip=0.0, bound_mode="none", nonfinite="propagate",
                             state_dtype=BF16, stochastic_rounding=False),
+    # the default TDCLM step on bf16 moments, stochastic
+    "clip-bf16m": dict(clip=4.0, bound_mode="none", nonfinite="skip", state_dtype=BF16),
 }
 # Modes run by default (the others on request with --modes).
 DEFAULT_MODES = ("adamw", "clip", "clip-rel")
@@ -261,10 +265,29 @@ def build(impl: str, mode: str, params: List[torch.Tensor]):
         opt = LuminaMoon(params, lr=1e-3, weight_decay=0.01, seed=0,
                          backend=impl.split("-", 1)[1], state_dtype=state_dtype, **hp)
         return opt, (p.dtype, p.dtype, state_dtype), hp
+    if impl == "torchao-adamw-bf16sr":
+        # torchao's AdamW: moments in the parameter dtype, bf16 stores rounded stochastically
+        from torchao.optim import _AdamW
+
+        opt = _AdamW(params, lr=1e-3, weight_decay=0.01, bf16_stochastic_round=True)
+        return opt, (p.dtype, p.dtype, p.dtype), dict(MODES["adamw"])
+    if impl == "optimi-adamw":
+        # optimi's AdamW (its Triton kernels on CUDA), moments in the parameter dtype, no Kahan
+        # summation: the same work as torch's
+        from optimi import AdamW as OptimiAdamW
+
+        opt = OptimiAdamW(params, lr=1e-3, weight_decay=0.01, kahan_sum=False)
+        return opt, (p.dtype, p.dtype, p.dtype), dict(MODES["adamw"])
     # torch.optim.AdamW keeps its moments in the parameter dtype
     kind = impl.split("-")[-1]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, **{kind: True})
     return opt, (p.dtype, p.dtype, p.dtype), dict(MODES["adamw"])
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def impls_for(case: BenchCase, mode: str, device: torch.device, chosen: Sequence[str]
@@ -273,8 +296,14 @@ def impls_for(case: BenchCase, mode: str, device: torch.device, chosen: Sequence
     for impl in chosen:
         if impl == "luminamoon-reference" and not case.small:
             continue  # far too slow at this size
-        if impl.startswith("torch-") and mode not in _torch_modes(case):
+        if impl.startswith(("torch-", "optimi-")) and mode not in _torch_modes(case):
             continue  # AdamW is the baseline of the AdamW-equivalent modes only
+        if impl == "torchao-adamw-bf16sr" and (case.param_dtype != BF16 or mode != "adamw-bf16m"):
+            continue  # beside the same work: bf16 params and moments, stochastic rounding
+        if impl.startswith("torchao-") and not _installed("torchao"):
+            continue
+        if impl.startswith("optimi-") and (not _installed("optimi") or device.type != "cuda"):
+            continue
         if impl == "torch-adamw-fused" and device.type != "cuda":
             continue
         if impl == "luminamoon-triton" and device.type != "cuda":
@@ -290,7 +319,8 @@ def _torch_modes(case: BenchCase) -> Tuple[str, ...]:
     return ("adamw", "adamw-bf16m-rne") if case.param_dtype == BF16 else ("adamw",)
 
 
-IMPLS = ["luminamoon-triton", "torch-adamw-fused", "torch-adamw-foreach", "luminamoon-reference"]
+IMPLS = ["luminamoon-triton", "torch-adamw-fused", "torch-adamw-foreach", "torchao-adamw-bf16sr",
+         "optimi-adamw", "luminamoon-reference"]
 
 
 # ------------------------------------------------------------------------------------------
