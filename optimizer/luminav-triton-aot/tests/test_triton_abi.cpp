@@ -54,6 +54,25 @@ TEST(TritonAbi, test_triton3_abi_trailing_scratch_pointer) {
   EXPECT_EQ(*static_cast<const CUdeviceptr*>(none[0]), 0u);
 }
 
+TEST(TritonAbi, TheCallerStoragePackerWritesWhatTheVectorPackerReturns) {
+  CUdeviceptr table = 0x7000;
+  std::int32_t n = 3;
+  void* user[] = {&table, &n};
+  const CUdeviceptr global = 0xA000;
+  for (int trailing = 0; trailing <= 2; ++trailing) {
+    SCOPED_TRACE(trailing);
+    void* out[4] = {nullptr, nullptr, nullptr, nullptr};
+    const CUdeviceptr* g = trailing >= 1 ? &global : nullptr;
+    const std::size_t written = pack_triton_abi_args(user, 2, trailing, g, nullptr, out, 4);
+    const std::vector<void*> expected = pack_triton_abi_args({user[0], user[1]}, trailing, g, nullptr);
+    ASSERT_EQ(written, expected.size());
+    for (std::size_t i = 0; i < written; ++i) EXPECT_EQ(out[i], expected[i]) << "entry " << i;
+  }
+  void* small[2];
+  expect_error([&] { pack_triton_abi_args(user, 2, 1, nullptr, nullptr, small, 2); }, Status::kInternal,
+               {"3 kernelParams entries for room of 2"});
+}
+
 TEST(TritonAbi, RefusesOtherTrailingCountsAndNullArguments) {
   CUdeviceptr a = 1;
   for (const int bad : {-1, 3, 7}) {

@@ -212,21 +212,4 @@ void check(CUresult result, const char* symbol, const std::string& context = "")
 // "CUDA_ERROR_X (<code>): <string>", from the table (or "CUDA error <code>" where it cannot say).
 std::string describe_cuda_error(const CudaDriverApi& api, CUresult result);
 
-// The zero CUdeviceptr that every unused trailing scratch parameter of a Triton kernel points at.
-extern const CUdeviceptr TRITON_NULL_SCRATCH;
-
-// The kernelParams array for cuLaunchKernel of a Triton-compiled kernel: the user argument
-// pointers, unchanged and in order, then `num_trailing_scratch_ptrs` (0, 1 or 2) pointers for
-// the implicit trailing parameters Triton adds (global_scratch, then profile_scratch): each
-// points at TRITON_NULL_SCRATCH. Throws Error(kInvalidArgument) for another count or a null
-// user argument pointer.
-std::vector<void*> pack_triton_abi_args(const std::vector<void*>& user_arg_ptrs, int num_trailing_scratch_ptrs);
-
-// The same, with scratch buffers: `global_scratch` / `profile_scratch` point at a CUdeviceptr
-// holding the buffer's device address (null: TRITON_NULL_SCRATCH). The pointed-to values must
-// stay alive until cuLaunchKernel returns. A non-null profile_scratch needs 2 trailing
-// pointers, a non-null global_scratch at least 1.
-std::vector<void*> pack_triton_abi_args(const std::vector<void*>& user_arg_ptrs, int num_trailing_scratch_ptrs,
-                                        const CUdeviceptr* global_scratch, const CUdeviceptr* profile_scratch);
-
 }  // namespace luminav

@@ -162,46 +162,4 @@ void check(CUresult result, const char* symbol, const std::string& context) {
   check(cuda_driver(), result, symbol, context);
 }
 
-const CUdeviceptr TRITON_NULL_SCRATCH = 0;
-
-std::vector<void*> pack_triton_abi_args(const std::vector<void*>& user_arg_ptrs, int num_trailing_scratch_ptrs) {
-  return pack_triton_abi_args(user_arg_ptrs, num_trailing_scratch_ptrs, nullptr, nullptr);
-}
-
-std::vector<void*> pack_triton_abi_args(const std::vector<void*>& user_arg_ptrs, int num_trailing_scratch_ptrs,
-                                        const CUdeviceptr* global_scratch, const CUdeviceptr* profile_scratch) {
-  if (num_trailing_scratch_ptrs < 0 || num_trailing_scratch_ptrs > 2) {
-    throw Error(Status::kInvalidArgument,
-                "num_trailing_scratch_ptrs must be 0 (Triton 3.0-3.2), 1 (3.3-3.4) or 2 (3.5+), got " +
-                    std::to_string(num_trailing_scratch_ptrs) + "; rebuild the bundle with a supported Triton");
-  }
-  if (global_scratch != nullptr && num_trailing_scratch_ptrs < 1) {
-    throw Error(Status::kInvalidArgument,
-                "a global scratch buffer was given but the kernel has no trailing scratch parameter "
-                "(num_trailing_scratch_ptrs = 0)");
-  }
-  if (profile_scratch != nullptr && num_trailing_scratch_ptrs < 2) {
-    throw Error(Status::kInvalidArgument,
-                "a profile scratch buffer was given but the kernel has " + std::to_string(num_trailing_scratch_ptrs) +
-                    " trailing scratch parameter(s); profile scratch is the second");
-  }
-  std::vector<void*> params;
-  params.reserve(user_arg_ptrs.size() + static_cast<std::size_t>(num_trailing_scratch_ptrs));
-  for (std::size_t i = 0; i < user_arg_ptrs.size(); ++i) {
-    if (user_arg_ptrs[i] == nullptr) {
-      throw Error(Status::kInvalidArgument, "kernel argument " + std::to_string(i) +
-                                                " is a null pointer; each entry must point at the argument's value");
-    }
-    params.push_back(user_arg_ptrs[i]);
-  }
-  // kernelParams is void**: the driver only reads through these, so pointing at the const zero
-  // (or at the caller's const scratch address) is sound.
-  auto slot = [](const CUdeviceptr* p) {
-    return const_cast<void*>(static_cast<const void*>(p != nullptr ? p : &TRITON_NULL_SCRATCH));
-  };
-  if (num_trailing_scratch_ptrs >= 1) params.push_back(slot(global_scratch));
-  if (num_trailing_scratch_ptrs >= 2) params.push_back(slot(profile_scratch));
-  return params;
-}
-
 }  // namespace luminav

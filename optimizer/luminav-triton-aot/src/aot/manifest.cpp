@@ -334,24 +334,6 @@ KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string&
   return m;
 }
 
-std::size_t scratch_bytes(std::int64_t size, int num_ctas, unsigned x, unsigned y, unsigned z, const char* what) {
-  if (size <= 0) return 0;
-  // Multiply with an overflow check at each factor.
-  const std::uint64_t limit = std::numeric_limits<std::size_t>::max() / 2;
-  std::uint64_t total = 1;
-  bool overflow = false;
-  for (const std::uint64_t f : {std::uint64_t{x}, std::uint64_t{y}, std::uint64_t{z},
-                                static_cast<std::uint64_t>(num_ctas), static_cast<std::uint64_t>(size)}) {
-    if (f != 0 && total > limit / f) overflow = true;
-    total *= f;
-  }
-  if (overflow) {
-    throw Error(Status::kInvalidArgument, std::string(what) + " for grid (" + std::to_string(x) + ", " +
-                                              std::to_string(y) + ", " + std::to_string(z) + ") overflows");
-  }
-  return static_cast<std::size_t>(total);
-}
-
 }  // namespace
 
 const std::vector<unsigned char>& KernelMetadata::image() const {
@@ -388,44 +370,12 @@ std::string sha256_hex(const void* data, std::size_t size) {
   return out;
 }
 
-ArgType ArgType::parse(const std::string& word) {
-  ArgType t;
-  t.word = word;
-  std::string elem = word;
-  if (!elem.empty() && elem[0] == '*') {
-    t.pointer = true;
-    elem = elem.substr(1);
-    // "*k<word>" marks a pointer Triton treats as constant; the ABI is the same.
-    if (elem.size() > 1 && elem[0] == 'k' && elem != "k") elem = elem.substr(1);
-  }
-  t.element = elem;
-  // Value sizes as Triton's launcher (backends/nvidia/driver.py: ty_to_cpp, FLOAT_STORAGE_TYPE)
-  // passes them.
-  static const std::pair<const char*, std::size_t> kScalars[] = {
-      {"i1", 1}, {"i8", 1}, {"i16", 2}, {"i32", 4}, {"i64", 8}, {"u1", 1}, {"u8", 1}, {"u16", 2}, {"u32", 4},
-      {"u64", 8}, {"fp16", 2}, {"bf16", 2}, {"fp32", 4}, {"f32", 4}, {"fp64", 8}};
-  static const char* const kPointeeOnly[] = {"fp8e4nv", "fp8e5", "fp8e4b15", "fp8e4b8", "fp8e5b16", "void"};
-  std::size_t size = 0;
-  for (const auto& s : kScalars) {
-    if (elem == s.first) size = s.second;
-  }
-  bool pointee_ok = size != 0;
-  if (t.pointer) {
-    for (const char* p : kPointeeOnly) pointee_ok = pointee_ok || elem == p;
-  }
-  if (!pointee_ok) {
-    throw Error(Status::kBundleError, "unknown Triton type word \"" + word + "\"");
-  }
-  t.size = t.pointer ? sizeof(CUdeviceptr) : size;
-  return t;
-}
-
 std::size_t KernelMetadata::global_scratch_bytes(unsigned grid_x, unsigned grid_y, unsigned grid_z) const {
-  return scratch_bytes(global_scratch_size, num_ctas, grid_x, grid_y, grid_z, "global scratch");
+  return triton_scratch_bytes(global_scratch_size, num_ctas, grid_x, grid_y, grid_z, "global scratch");
 }
 
 std::size_t KernelMetadata::profile_scratch_bytes(unsigned grid_x, unsigned grid_y, unsigned grid_z) const {
-  return scratch_bytes(profile_scratch_size, num_ctas, grid_x, grid_y, grid_z, "profile scratch");
+  return triton_scratch_bytes(profile_scratch_size, num_ctas, grid_x, grid_y, grid_z, "profile scratch");
 }
 
 AotManifest AotManifest::load(const std::string& dir, CubinCheck cubins) {

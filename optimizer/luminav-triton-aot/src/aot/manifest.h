@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "luminav/cuda_driver.h"
+#include "aot/triton_abi.h"
 
 namespace luminav {
 
@@ -25,18 +25,6 @@ constexpr int kAotBundleV1TableCols = 12;
 
 // SHA-256 (OpenSSL EVP) as 64 lowercase hex digits.
 std::string sha256_hex(const void* data, std::size_t size);
-
-// One argument type of a kernel signature, parsed from a Triton type word ("*fp32", "i64"...).
-struct ArgType {
-  std::string word;       // as written in the manifest
-  bool pointer = false;   // "*<word>" or "*k<word>": passed as an 8-byte CUdeviceptr
-  std::string element;    // the word without "*"/"*k"
-  std::size_t size = 0;   // bytes of the value cuLaunchKernel reads for it
-
-  // Throws Error(kBundleError) naming the word for one Triton does not pass as a plain value
-  // (tensor descriptors, unknown words).
-  static ArgType parse(const std::string& word);
-};
 
 // One compiled kernel variant for one arch: an entry of manifest.json, and its cubin (read and
 // verified on first use).

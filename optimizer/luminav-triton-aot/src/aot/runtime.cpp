@@ -1,10 +1,15 @@
-// AotRuntime: loads a bundle's cubins per device (lazily, cached) and launches them with
-// Triton's kernel ABI.
+// src/aot/runtime.cpp: loads a bundle's kernels once per device and launches them
+//
+// Modules are loaded lazily per (variant, device) into the device's primary context; every
+// launch, one-off (AotRuntime::launch) or bound once (KernelLaunch), lays out its kernelParams
+// with pack_triton_abi_args (aot/triton_abi.h).
+#include "aot/runtime.h"
+
 #include <cstring>
 #include <limits>
 #include <string>
 
-#include "aot/runtime.h"
+#include "aot/triton_abi.h"
 #include "luminav/error.h"
 
 namespace luminav {
@@ -323,12 +328,7 @@ bool AotRuntime::check_launch(const LoadedKernel& kernel, LaunchGrid grid, void*
                                               std::to_string(meta.signature.size()) + " argument pointers (" + names +
                                               "), got " + std::to_string(count));
   }
-  for (std::size_t i = 0; i < count; ++i) {
-    if (user_arg_ptrs[i] == nullptr) {
-      throw Error(Status::kInvalidArgument, "kernel argument " + std::to_string(i) +
-                                                " is a null pointer; each entry must point at the argument's value");
-    }
-  }
+  check_user_arg_ptrs(user_arg_ptrs, count);
   if (!meta.runs_on(kernel.device_cc_major, kernel.device_cc_minor)) {
     throw Error(Status::kBundleError, describe_variant(meta) + " cannot run on device " +
                                           std::to_string(kernel.device) + " (compute capability " +
@@ -371,10 +371,9 @@ void AotRuntime::launch(const LoadedKernel& kernel, LaunchGrid grid, void* const
   const KernelMetadata& meta = *kernel.meta;
   const Scratch* scratch = nullptr;
   if (meta.global_scratch_size > 0 || meta.profile_scratch_size > 0) scratch = scratch_for(kernel, grid, stream);
-  // kernelParams as pack_triton_abi_args lays it out: the user arguments, then the trailing
-  // scratch pointers (each at its buffer's address, or at TRITON_NULL_SCRATCH).
-  const std::size_t trailing = static_cast<std::size_t>(meta.num_trailing_scratch_ptrs);
-  const std::size_t n = count + trailing;
+  // kernelParams: the user arguments, then the trailing scratch pointers (each at its buffer's
+  // address, or at TRITON_NULL_SCRATCH), on the stack for up to kInlineKernelParams entries.
+  const std::size_t n = count + static_cast<std::size_t>(meta.num_trailing_scratch_ptrs);
   void* inline_params[kInlineKernelParams];
   std::vector<void*> heap_params;
   void** params = inline_params;
@@ -382,14 +381,9 @@ void AotRuntime::launch(const LoadedKernel& kernel, LaunchGrid grid, void* const
     heap_params.resize(n);
     params = heap_params.data();
   }
-  for (std::size_t i = 0; i < count; ++i) params[i] = user_arg_ptrs[i];
-  auto slot = [](const CUdeviceptr* p) {
-    return const_cast<void*>(static_cast<const void*>(p != nullptr ? p : &TRITON_NULL_SCRATCH));
-  };
-  if (trailing >= 1) params[count] = slot(scratch != nullptr && scratch->global != 0 ? &scratch->global : nullptr);
-  if (trailing >= 2) {
-    params[count + 1] = slot(scratch != nullptr && scratch->profile != 0 ? &scratch->profile : nullptr);
-  }
+  const CUdeviceptr* global = scratch != nullptr && scratch->global != 0 ? &scratch->global : nullptr;
+  const CUdeviceptr* profile = scratch != nullptr && scratch->profile != 0 ? &scratch->profile : nullptr;
+  pack_triton_abi_args(user_arg_ptrs, count, meta.num_trailing_scratch_ptrs, global, profile, params, n);
   ScopedContext ctx(*api_, kernel.context);
   enqueue(kernel, grid, params, stream);
 }
@@ -411,11 +405,15 @@ KernelLaunch::KernelLaunch(AotRuntime& runtime, const LoadedKernel& kernel, Laun
   for (std::size_t i = 0; i < count; ++i) {
     std::memcpy(&values_[i], user_arg_ptrs[i], meta.arg_types[i].size);
   }
-  const std::size_t trailing = static_cast<std::size_t>(meta.num_trailing_scratch_ptrs);
+  // kernelParams, packed once: into values_, then the trailing entries at scratch_ (zero until a
+  // kernel that needs scratch memory gets its buffers at launch).
+  const int trailing = meta.num_trailing_scratch_ptrs;
   scratch_.assign(2, TRITON_NULL_SCRATCH);
-  params_.resize(count + trailing);
-  for (std::size_t i = 0; i < count; ++i) params_[i] = &values_[i];
-  for (std::size_t t = 0; t < trailing; ++t) params_[count + t] = &scratch_[t];
+  std::vector<void*> value_ptrs(count);
+  for (std::size_t i = 0; i < count; ++i) value_ptrs[i] = &values_[i];
+  params_.resize(count + static_cast<std::size_t>(trailing));
+  pack_triton_abi_args(value_ptrs.data(), count, trailing, trailing >= 1 ? &scratch_[0] : nullptr,
+                       trailing >= 2 ? &scratch_[1] : nullptr, params_.data(), params_.size());
   needs_scratch_ = meta.global_scratch_size > 0 || meta.profile_scratch_size > 0;
   kernel_ = &kernel;
 }
