@@ -19,6 +19,7 @@
 #include "engine/thread_pool.h"
 #include "aot/manifest.h"
 #include "luminav/cuda_driver.h"
+#include "engine/cpu_kernels.h"
 #include "engine/engine.h"
 #include "luminav/error.h"
 #include "luminav/luminav.h"

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/cpu_kernels.h"
 #include "engine/engine.h"
 
 using luminav::BoundMode;

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/cpu_kernels.h"
 #include "engine/engine.h"
 
 namespace cpu = luminav::cpu;

@@ -28,6 +28,7 @@
 #include "common/cli_args.h"
 #include "aot/runtime.h"
 #include "luminav/cuda_driver.h"
+#include "engine/cpu_kernels.h"
 #include "engine/engine.h"
 #include "luminav/error.h"
 

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/cpu_kernels.h"
 #include "engine/thread_pool.h"
-#include "engine/engine.h"
 
 namespace luminav {
 namespace cpu {

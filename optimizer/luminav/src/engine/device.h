@@ -1,5 +1,7 @@
-// The engine's device layer (private): where its memory lives and how a step runs there.
-// CpuDevice (engine.cpp) runs the passes of cpu_kernels.cpp on a thread pool; CudaDevice
+// src/engine/device.h: the engine's device interface: where its memory lives and how a step runs
+// there (the role of ggml's ggml_backend_i)
+//
+// CpuDevice (cpu_device.cpp) runs the passes of cpu_kernels.cpp on a thread pool; CudaDevice
 // (cuda_device.cpp) launches the AOT bundle's kernels with device tables laid out as
 // docs/internals.md says.
 #pragma once

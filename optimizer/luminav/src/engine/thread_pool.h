@@ -1,18 +1,25 @@
-// The CPU engine's worker pool (private header).
+// src/engine/thread_pool.h: the CPU engine's fixed pool of worker threads
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
-#include "engine/engine.h"
-
 namespace luminav {
 namespace cpu {
+
+class ThreadPool;
+
+// A fixed pool of worker threads; parallel_for splits [0, n) into contiguous ranges.
+// Work assignment never changes results: every reduction the engine does is over fixed
+// chunks combined in index order.
+std::shared_ptr<ThreadPool> make_thread_pool(int num_threads);  // <= 0: hardware_concurrency
+int thread_pool_size(const ThreadPool& pool);
 
 class ThreadPool {
  public:

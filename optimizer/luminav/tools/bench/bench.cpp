@@ -53,6 +53,7 @@
 #include <nlohmann/json.hpp>
 
 #include "luminav/cuda_driver.h"
+#include "engine/cpu_kernels.h"
 #include "engine/engine.h"
 #include "luminav/error.h"
 
