@@ -1,6 +1,9 @@
-// luminamoon._luminav: the native engine for Python. Group-level entry points for the "cpu"
-// and "aot" backends (python/luminamoon/optimizer/native.py) take tensor addresses as ints
-// (data_ptr()) and the CUDA stream as an int; nothing here touches torch.
+// python/bindings.cpp: the nanobind module luminamoon._luminav: the launch groups of the "cpu" and
+// "aot" backends, manifest inspection, the random streams, and the constants Python checks
+// against C++ (tests/test_contract.py)
+//
+// Only nb::class_ and m.def here; what they wrap is in src/ (engine/group.h for the groups).
+// Tensor addresses (data_ptr()) and CUDA streams come in as ints; nothing here touches torch.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
@@ -8,172 +11,30 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "engine/group_launch.h"
-#include "engine/thread_pool.h"
 #include "aot/manifest.h"
-#include "luminav/cuda_driver.h"
 #include "engine/cpu_kernels.h"
 #include "engine/engine.h"
+#include "engine/group.h"
+#include "engine/group_launch.h"
+#include "luminav/cuda_driver.h"
 #include "luminav/error.h"
 #include "luminav/luminav.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
+using luminav::AotGroup;
+using luminav::CpuGroup;
+using luminav::GroupConfig;
+using luminav::RowTuple;
+
 namespace {
 
-using luminav::DType;
-using luminav::GroupConfig;
-using luminav::TensorRow;
-
-// One table row from Python: (param, grad, exp_avg, exp_avg_sq, p_init, step, numel,
-// elem_offset, param_index, global_numel), addresses as ints.
-using RowTuple = std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
-                            std::uintptr_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
-
-template <class T>
-T* ptr(std::uintptr_t a) {
-  return reinterpret_cast<T*>(a);
-}
-
-GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, double beta1, double beta2, double eps,
-                        double weight_decay, double clip, int bound_mode, double bound, bool maximize,
-                        int nonfinite, bool stochastic_rounding, std::uint64_t seed) {
-  GroupConfig cfg;
-  cfg.param_dtype = luminav::dtype_from_int(param_dtype, "param_dtype");
-  cfg.grad_dtype = luminav::dtype_from_int(grad_dtype, "grad_dtype");
-  cfg.state_dtype = luminav::dtype_from_int(state_dtype, "state_dtype");
-  luminav::Hyper& h = cfg.hyper;
-  h.lr = 0.0;
-  h.beta1 = beta1;
-  h.beta2 = beta2;
-  h.eps = eps;
-  h.weight_decay = weight_decay;
-  h.clip = clip;
-  h.bound_mode = luminav::bound_mode_from_int(bound_mode);
-  h.bound = bound;
-  h.maximize = maximize;
-  h.nonfinite = luminav::nonfinite_from_int(nonfinite);
-  h.stochastic_rounding = stochastic_rounding;
-  h.state_dtype = cfg.state_dtype;
-  luminav::validate_hyper(h);
-  cfg.seed = seed;
-  return cfg;
-}
-
-std::vector<TensorRow> make_rows(const std::vector<RowTuple>& rows, bool bounded) {
-  std::vector<TensorRow> out;
-  out.reserve(rows.size());
-  for (std::size_t j = 0; j < rows.size(); ++j) {
-    const RowTuple& r = rows[j];
-    TensorRow t;
-    t.param = ptr<void>(std::get<0>(r));
-    t.grad = ptr<const void>(std::get<1>(r));
-    t.exp_avg = ptr<void>(std::get<2>(r));
-    t.exp_avg_sq = ptr<void>(std::get<3>(r));
-    t.p_init = ptr<void>(std::get<4>(r));
-    t.step = ptr<std::int64_t>(std::get<5>(r));
-    t.numel = std::get<6>(r);
-    t.elem_offset = std::get<7>(r);
-    t.param_index = std::get<8>(r);
-    t.global_numel = std::get<9>(r);
-    const std::string who = "row " + std::to_string(j);
-    if (t.numel < 0) throw luminav::Error(luminav::Status::kInvalidArgument, who + ": numel must be >= 0, got " + std::to_string(t.numel));
-    if (!t.step) throw luminav::Error(luminav::Status::kInvalidArgument, who + ": the step counter address is 0");
-    if (t.numel > 0 && (!t.param || !t.grad || !t.exp_avg || !t.exp_avg_sq)) {
-      throw luminav::Error(luminav::Status::kInvalidArgument, who + ": a param/grad/exp_avg/exp_avg_sq address is 0");
-    }
-    if (bounded && t.numel > 0 && !t.p_init) {
-      throw luminav::Error(luminav::Status::kInvalidArgument, who + ": bound_mode is not none but the p_init address is 0");
-    }
-    if (t.global_numel < t.elem_offset + t.numel) {
-      throw luminav::Error(luminav::Status::kInvalidArgument,
-                           who + ": global_numel " + std::to_string(t.global_numel) + " < elem_offset + numel = " +
-                               std::to_string(t.elem_offset + t.numel));
-    }
-    out.push_back(t);
-  }
-  return out;
-}
-
-// Worker pools by size, made on first use (never at import).
-std::shared_ptr<luminav::cpu::ThreadPool> pool_for(int num_threads) {
-  static std::mutex mutex;
-  static std::map<int, std::shared_ptr<luminav::cpu::ThreadPool>>* pools =
-      new std::map<int, std::shared_ptr<luminav::cpu::ThreadPool>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& p = (*pools)[num_threads];
-  if (!p) p = luminav::cpu::make_thread_pool(num_threads);
-  return p;
-}
-
-// A launch group of the "cpu" backend: the config and the rows, built once per table.
-class CpuGroup {
- public:
-  CpuGroup(GroupConfig cfg, const std::vector<RowTuple>& rows, int num_threads)
-      : cfg_(cfg), rows_(make_rows(rows, cfg.hyper.bound_mode != luminav::BoundMode::kNone)), pool_(pool_for(num_threads)) {
-    if (num_threads < 0) throw luminav::Error(luminav::Status::kInvalidArgument, "num_threads must be >= 0, got " + std::to_string(num_threads));
-  }
-  void pass1(std::uintptr_t stats, std::uintptr_t found_inf) {
-    nb::gil_scoped_release release;
-    luminav::cpu::pass1(cfg_, rows_.data(), rows_.size(), ptr<float>(stats), ptr<std::int32_t>(found_inf), *pool_);
-  }
-  void pass2(double lr, std::uintptr_t stats, std::uintptr_t found_inf) {
-    luminav::validate_lr(lr);
-    nb::gil_scoped_release release;
-    luminav::cpu::pass2(cfg_, rows_.data(), rows_.size(), static_cast<float>(lr), ptr<const float>(stats),
-                        ptr<const std::int32_t>(found_inf), *pool_);
-  }
-  void commit(std::uintptr_t found_inf) {
-    luminav::cpu::commit(cfg_, rows_.data(), rows_.size(), ptr<const std::int32_t>(found_inf));
-  }
-  std::int64_t first_nonfinite() {
-    nb::gil_scoped_release release;
-    return luminav::cpu::first_nonfinite(cfg_, rows_.data(), rows_.size(), *pool_);
-  }
-  std::size_t size() const { return rows_.size(); }
-  int num_threads() const { return pool_->size(); }
-
- private:
-  GroupConfig cfg_;
-  std::vector<TensorRow> rows_;
-  std::shared_ptr<luminav::cpu::ThreadPool> pool_;
-};
-
-// A launch group of the "aot" backend: its kernels loaded from a bundle on one device. The
-// Python side owns the device tables and buffers (torch tensors) and passes their addresses.
-class AotGroup {
- public:
-  AotGroup(const std::string& bundle_dir, int device, GroupConfig cfg)
-      : kernels_(luminav::gpu::runtime_for_bundle(bundle_dir), device, cfg) {}
-  using P = std::uintptr_t;
-  void pass1(P table, P block_map, std::int64_t nblocks, P partial_sum, P partial_bad, P stream) {
-    nb::gil_scoped_release release;
-    kernels_.pass1(table, block_map, nblocks, partial_sum, partial_bad, reinterpret_cast<luminav::CUstream>(stream));
-  }
-  void reduce(P table, P partial_sum, P partial_bad, P stats, P found_inf, std::int32_t ntensors, P stream) {
-    nb::gil_scoped_release release;
-    kernels_.reduce(table, partial_sum, partial_bad, stats, found_inf, ntensors, reinterpret_cast<luminav::CUstream>(stream));
-  }
-  void update(P table, P block_map, std::int64_t nblocks, P stats, P found_inf, P lr, P stream) {
-    nb::gil_scoped_release release;
-    kernels_.update(table, block_map, nblocks, stats, found_inf, lr, reinterpret_cast<luminav::CUstream>(stream));
-  }
-  void commit(P table, P found_inf, std::int32_t ntensors, P stream) {
-    nb::gil_scoped_release release;
-    kernels_.commit(table, found_inf, ntensors, reinterpret_cast<luminav::CUstream>(stream));
-  }
-
- private:
-  luminav::gpu::GroupKernels kernels_;
-};
+luminav::CUstream stream_of(std::uintptr_t stream) { return reinterpret_cast<luminav::CUstream>(stream); }
 
 nb::dict kernel_dict(const luminav::KernelMetadata& k) {
   nb::dict d;
@@ -208,7 +69,7 @@ NB_MODULE(_luminav, m) {
   m.attr("CPU_CHUNK") = luminav::cpu::kChunk;
 
   // luminav::Error -> Python: ValueError for user errors, FloatingPointError for 'raise',
-  // RuntimeError for the rest; the message is the library's.
+  // LookupError for what is not found, RuntimeError for the rest; the message is the library's.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -256,34 +117,50 @@ NB_MODULE(_luminav, m) {
     if (count < 0) throw luminav::Error(luminav::Status::kInvalidArgument, "count must be >= 0, got " + std::to_string(count));
     if (count > 0 && !out) throw luminav::Error(luminav::Status::kInvalidArgument, "out address is 0");
     nb::gil_scoped_release release;
-    luminav::cpu::random_words(key, first, count, stream, ptr<std::uint32_t>(out));
+    luminav::cpu::random_words(key, first, count, stream, reinterpret_cast<std::uint32_t*>(out));
   }, "out"_a, "key"_a, "first"_a, "count"_a, "stream"_a,
      "Writes R(i, stream) for i in [first, first + count) into `count` uint32 words at address `out`.");
 
-  nb::class_<CpuGroup>(m, "CpuGroup", "A launch group of the cpu backend (docs/internals.md, run on CPU threads).")
-      .def("__init__", [](CpuGroup* self, int param_dtype, int grad_dtype, int state_dtype, double beta1, double beta2,
-                          double eps, double weight_decay, double clip, int bound_mode, double bound, bool maximize,
-                          int nonfinite, bool stochastic_rounding, std::uint64_t seed, const std::vector<RowTuple>& rows,
-                          int num_threads) {
-             new (self) CpuGroup(make_config(param_dtype, grad_dtype, state_dtype, beta1, beta2, eps, weight_decay, clip,
-                                             bound_mode, bound, maximize, nonfinite, stochastic_rounding, seed),
-                                 rows, num_threads);
+  nb::class_<GroupConfig>(m, "GroupConfig",
+                          "A launch group's constants (lr excluded): dtype codes, hyperparameters, seed. Validated "
+                          "on construction; read-only.")
+      .def("__init__", [](GroupConfig* self, int param_dtype, int grad_dtype, int state_dtype, double beta1,
+                          double beta2, double eps, double weight_decay, double clip, int bound_mode, double bound,
+                          bool maximize, int nonfinite, bool stochastic_rounding, std::uint64_t seed) {
+             new (self) GroupConfig(luminav::make_config(param_dtype, grad_dtype, state_dtype, beta1, beta2, eps,
+                                                         weight_decay, clip, bound_mode, bound, maximize, nonfinite,
+                                                         stochastic_rounding, seed));
            },
-           "param_dtype"_a, "grad_dtype"_a, "state_dtype"_a, "beta1"_a, "beta2"_a, "eps"_a, "weight_decay"_a, "clip"_a,
-           "bound_mode"_a, "bound"_a, "maximize"_a, "nonfinite"_a, "stochastic_rounding"_a, "seed"_a, "rows"_a,
+           nb::kw_only(), "param_dtype"_a, "grad_dtype"_a, "state_dtype"_a, "beta1"_a, "beta2"_a, "eps"_a,
+           "weight_decay"_a, "clip"_a, "bound_mode"_a, "bound"_a, "maximize"_a, "nonfinite"_a,
+           "stochastic_rounding"_a, "seed"_a)
+      .def_prop_ro("param_dtype", [](const GroupConfig& c) { return static_cast<int>(c.param_dtype); })
+      .def_prop_ro("grad_dtype", [](const GroupConfig& c) { return static_cast<int>(c.grad_dtype); })
+      .def_prop_ro("state_dtype", [](const GroupConfig& c) { return static_cast<int>(c.state_dtype); })
+      .def_prop_ro("beta1", [](const GroupConfig& c) { return c.hyper.beta1; })
+      .def_prop_ro("beta2", [](const GroupConfig& c) { return c.hyper.beta2; })
+      .def_prop_ro("eps", [](const GroupConfig& c) { return c.hyper.eps; })
+      .def_prop_ro("weight_decay", [](const GroupConfig& c) { return c.hyper.weight_decay; })
+      .def_prop_ro("clip", [](const GroupConfig& c) { return c.hyper.clip; })
+      .def_prop_ro("bound_mode", [](const GroupConfig& c) { return static_cast<int>(c.hyper.bound_mode); })
+      .def_prop_ro("bound", [](const GroupConfig& c) { return c.hyper.bound; })
+      .def_prop_ro("maximize", [](const GroupConfig& c) { return c.hyper.maximize; })
+      .def_prop_ro("nonfinite", [](const GroupConfig& c) { return static_cast<int>(c.hyper.nonfinite); })
+      .def_prop_ro("stochastic_rounding", [](const GroupConfig& c) { return c.hyper.stochastic_rounding; })
+      .def_prop_ro("seed", [](const GroupConfig& c) { return c.seed; });
+
+  nb::class_<CpuGroup>(m, "CpuGroup", "A launch group of the cpu backend (docs/internals.md, run on CPU threads).")
+      .def(nb::init<const GroupConfig&, const std::vector<RowTuple>&, int>(), "config"_a, "rows"_a,
            "num_threads"_a = 0)
-      .def("pass1", &CpuGroup::pass1, "stats"_a, "found_inf"_a)
-      .def("pass2", &CpuGroup::pass2, "lr"_a, "stats"_a, "found_inf"_a)
+      .def("pass1", &CpuGroup::pass1, "stats"_a, "found_inf"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("pass2", &CpuGroup::pass2, "lr"_a, "stats"_a, "found_inf"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("commit", &CpuGroup::commit, "found_inf"_a)
-      .def("first_nonfinite", &CpuGroup::first_nonfinite)
+      .def("first_nonfinite", &CpuGroup::first_nonfinite, nb::call_guard<nb::gil_scoped_release>())
       .def("__len__", &CpuGroup::size)
       .def_prop_ro("num_threads", &CpuGroup::num_threads);
 
-  m.def("variant_keys", [](int param_dtype, int grad_dtype, int state_dtype, double clip, int bound_mode,
-                           int nonfinite, bool stochastic_rounding) {
-    GroupConfig cfg = make_config(param_dtype, grad_dtype, state_dtype, 0.9, 0.999, 1e-8, 0.0, clip, bound_mode, 1.0,
-                                  false, nonfinite, stochastic_rounding, 0);
-    const luminav::gpu::VariantKeys k = luminav::gpu::variant_keys(cfg);
+  m.def("variant_keys", [](const GroupConfig& config) {
+    const luminav::gpu::VariantKeys k = luminav::gpu::variant_keys(config);
     nb::dict d;
     if (!k.pass1.empty()) d["pass1"] = k.pass1;
     if (!k.reduce.empty()) d["reduce"] = k.reduce;
@@ -291,28 +168,25 @@ NB_MODULE(_luminav, m) {
     if (!k.single_pass.empty()) d["single_pass"] = k.single_pass;
     d["commit"] = k.commit;
     return d;
-  }, "param_dtype"_a, "grad_dtype"_a, "state_dtype"_a, "clip"_a, "bound_mode"_a, "nonfinite"_a,
-     "stochastic_rounding"_a, "The AOT variant keys the engine launches for one launch group.");
+  }, "config"_a, "The AOT variant keys the engine launches for one launch group.");
   m.attr("GPU_BLOCK") = luminav::gpu::kBlock;
   m.attr("GPU_TABLE_COLS") = luminav::gpu::kTableCols;
 
-  nb::class_<AotGroup>(m, "AotGroup", "A launch group's AOT kernels loaded on one CUDA device.")
-      .def("__init__", [](AotGroup* self, const std::string& bundle_dir, int device, int param_dtype, int grad_dtype,
-                          int state_dtype, double beta1, double beta2, double eps, double weight_decay, double clip,
-                          int bound_mode, double bound, bool maximize, int nonfinite, bool stochastic_rounding,
-                          std::uint64_t seed) {
-             new (self) AotGroup(bundle_dir, device,
-                                 make_config(param_dtype, grad_dtype, state_dtype, beta1, beta2, eps, weight_decay, clip,
-                                             bound_mode, bound, maximize, nonfinite, stochastic_rounding, seed));
-           },
-           "bundle_dir"_a, "device"_a, "param_dtype"_a, "grad_dtype"_a, "state_dtype"_a, "beta1"_a, "beta2"_a, "eps"_a,
-           "weight_decay"_a, "clip"_a, "bound_mode"_a, "bound"_a, "maximize"_a, "nonfinite"_a, "stochastic_rounding"_a,
-           "seed"_a)
-      .def("pass1", &AotGroup::pass1, "table"_a, "block_map"_a, "nblocks"_a, "partial_sum"_a, "partial_bad"_a, "stream"_a)
-      .def("reduce", &AotGroup::reduce, "table"_a, "partial_sum"_a, "partial_bad"_a, "stats"_a, "found_inf"_a,
-           "ntensors"_a, "stream"_a)
-      .def("update", &AotGroup::update, "table"_a, "block_map"_a, "nblocks"_a, "stats"_a, "found_inf"_a, "lr"_a,
-           "stream"_a)
-      .def("commit", &AotGroup::commit, "table"_a, "found_inf"_a, "ntensors"_a, "stream"_a);
-
+  nb::class_<AotGroup>(m, "AotGroup",
+                       "A launch group's AOT kernels loaded on one CUDA device, launched on the engine's bound "
+                       "path: bind() the buffers once per layout, then each launch takes only the stream.")
+      .def(nb::init<const std::string&, int, const GroupConfig&>(), "bundle_dir"_a, "device"_a, "config"_a)
+      .def("bind", &AotGroup::bind, "table"_a, "block_map"_a, "nblocks"_a, "partial_sum"_a, "partial_bad"_a, "stats"_a,
+           "lr"_a, "ntensors"_a, "found_inf"_a, "reduce_flag"_a,
+           "Binds every launch to these device buffers (addresses as ints); replaces an earlier binding.")
+      .def("set_flags", &AotGroup::set_flags, "found_inf"_a, "reduce_flag"_a)
+      .def("set_lr", &AotGroup::set_lr, "lr"_a)
+      .def("pass1", [](AotGroup& g, std::uintptr_t s) { g.pass1(stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("reduce", [](AotGroup& g, std::uintptr_t s) { g.reduce(stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("update", [](AotGroup& g, std::uintptr_t s) { g.update(stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("commit", [](AotGroup& g, std::uintptr_t s) { g.commit(stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>());
 }

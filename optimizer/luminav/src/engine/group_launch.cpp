@@ -1,4 +1,5 @@
-// Variant keys, device tables and launches of one launch group (see gpu_launch.h).
+// src/engine/group_launch.cpp: variant keys, device tables and bound launches of one launch group
+// (see group_launch.h)
 #include "engine/group_launch.h"
 
 #include <array>
@@ -145,8 +146,7 @@ const LoadedKernel& GroupKernels::resolve(const std::string& key) const {
 namespace {
 
 // The argument lists of docs/internals.md "Kernels", each written once: a struct of the values
-// in order, and the pointers to them that a launch takes. The per-call launchers and the bound
-// launches both go through these.
+// in order, and the pointers to them that a launch takes. BoundGroupLaunches binds them once.
 struct Pass1Args {
   CUdeviceptr table, block_map, partial_sum, partial_bad;
   std::int64_t seed;
@@ -176,6 +176,7 @@ struct UpdateArgs {
   float sign, beta1, beta2, eps, weight_decay, clip, bound;
 };
 constexpr std::size_t kUpdateFoundInf = 3;
+constexpr std::size_t kUpdateLr = 4;
 constexpr std::size_t kUpdateSeed = 5;
 std::array<void*, 13> pointers(UpdateArgs& a) {
   return {&a.table, &a.block_map, &a.stats, &a.found_inf, &a.lr, &a.seed, &a.sign, &a.beta1, &a.beta2, &a.eps,
@@ -204,12 +205,6 @@ CommitArgs commit_args(CUdeviceptr table, CUdeviceptr found_inf, std::int32_t nt
 LaunchGrid blocks_grid(std::int64_t nblocks) { return {static_cast<unsigned>(nblocks), 1, 1}; }
 
 template <typename Args>
-void launch_now(AotRuntime& rt, const LoadedKernel& k, LaunchGrid grid, Args args, CUstream stream) {
-  auto p = pointers(args);
-  rt.launch(k, grid, p.data(), p.size(), stream);
-}
-
-template <typename Args>
 KernelLaunch bind(AotRuntime& rt, const LoadedKernel& k, LaunchGrid grid, Args args) {
   auto p = pointers(args);
   return KernelLaunch(rt, k, grid, p.data(), p.size());
@@ -217,33 +212,9 @@ KernelLaunch bind(AotRuntime& rt, const LoadedKernel& k, LaunchGrid grid, Args a
 
 }  // namespace
 
-void GroupKernels::pass1(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr partial_sum,
-                         CUdeviceptr partial_bad, CUstream stream) const {
-  if (!pass1_) throw Error(Status::kInternal, "pass1 launched for a group that does not need it");
-  launch_now(*rt_, *pass1_, blocks_grid(nblocks), pass1_args(table, block_map, partial_sum, partial_bad, scalars_),
-             stream);
-}
-
-void GroupKernels::reduce(CUdeviceptr table, CUdeviceptr partial_sum, CUdeviceptr partial_bad, CUdeviceptr stats,
-                          CUdeviceptr found_inf, std::int32_t ntensors, CUstream stream) const {
-  if (!reduce_) throw Error(Status::kInternal, "reduce launched for a group that does not need it");
-  launch_now(*rt_, *reduce_, {static_cast<unsigned>(ntensors), 1, 1},
-             ReduceArgs{table, partial_sum, partial_bad, stats, found_inf, ntensors}, stream);
-}
-
-void GroupKernels::update(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr stats,
-                          CUdeviceptr found_inf, CUdeviceptr lr, CUstream stream) const {
-  launch_now(*rt_, *update_, blocks_grid(nblocks), update_args(table, block_map, stats, found_inf, lr, scalars_),
-             stream);
-}
-
-void GroupKernels::commit(CUdeviceptr table, CUdeviceptr found_inf, std::int32_t ntensors, CUstream stream) const {
-  launch_now(*rt_, *commit_, {1, 1, 1}, commit_args(table, found_inf, ntensors), stream);
-}
-
 BoundGroupLaunches::BoundGroupLaunches(const GroupKernels& k, const GroupBuffers& b, CUdeviceptr found_inf,
                                        CUdeviceptr reduce_flag)
-    : rt_(k.rt_), found_inf_(found_inf), reduce_flag_(reduce_flag), seed_(k.cfg_.seed) {
+    : rt_(k.rt_), found_inf_(found_inf), reduce_flag_(reduce_flag), lr_(b.lr), seed_(k.cfg_.seed) {
   if (b.commit_rows < b.ntensors) {
     throw Error(Status::kInternal, "commit must advance every tensor's counter: " + std::to_string(b.commit_rows) +
                                        " rows for " + std::to_string(b.ntensors) + " tensors");
@@ -270,6 +241,12 @@ void BoundGroupLaunches::set_flags(CUdeviceptr found_inf, CUdeviceptr reduce_fla
     if (reduce_.bound()) reduce_.set(kReduceFoundInf, reduce_flag);
     reduce_flag_ = reduce_flag;
   }
+}
+
+void BoundGroupLaunches::set_lr(CUdeviceptr lr) {
+  if (lr == lr_) return;
+  update_.set(kUpdateLr, lr);
+  lr_ = lr;
 }
 
 void BoundGroupLaunches::set_seed(std::uint64_t seed) {

@@ -1,6 +1,8 @@
-// The GPU launch layer (private): variant keys, device tables and kernel launches of one launch
-// group, exactly as docs/internals.md and python/luminamoon/optimizer/gpu_backend.py lay them
-// out. Used by the engine's CUDA device and by the "aot" Python backend (through the bindings).
+// src/engine/group_launch.h: one launch group on the GPU: its variant keys, its device tables
+// (C++'s one table writer, build_tables) and its kernels' launches, bound once per layout
+//
+// Exactly as docs/internals.md and python/luminamoon/optimizer/gpu_backend.py lay them out. Used
+// by the engine's CUDA device and by the "aot" Python backend (AotGroup, engine/group.h).
 #pragma once
 
 #include <cstdint>
@@ -62,16 +64,6 @@ class GroupKernels {
   GroupKernels(std::shared_ptr<AotRuntime> runtime, int device, const GroupConfig& cfg);
 
   const GroupConfig& config() const { return cfg_; }
-  // Each takes device addresses; all launches go on `stream`, through AotRuntime::launch
-  // (which makes the device's context current when it is not). No host allocation.
-  void pass1(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr partial_sum,
-             CUdeviceptr partial_bad, CUstream stream) const;
-  void reduce(CUdeviceptr table, CUdeviceptr partial_sum, CUdeviceptr partial_bad, CUdeviceptr stats,
-              CUdeviceptr found_inf, std::int32_t ntensors, CUstream stream) const;
-  // pass2 (when pass 1 is needed) or single_pass.
-  void update(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr stats,
-              CUdeviceptr found_inf, CUdeviceptr lr, CUstream stream) const;
-  void commit(CUdeviceptr table, CUdeviceptr found_inf, std::int32_t ntensors, CUstream stream) const;
 
  private:
   friend class BoundGroupLaunches;
@@ -106,8 +98,16 @@ class BoundGroupLaunches {
                      CUdeviceptr reduce_flag);
 
   bool has_pass1() const { return pass1_.bound(); }
+  // Each replaces the bound value where it changed (a compare otherwise): `found_inf` in pass 2
+  // and commit, `reduce_flag` in reduce; the lr address of pass 2; the seed of pass 1 and 2.
   void set_flags(CUdeviceptr found_inf, CUdeviceptr reduce_flag);
+  void set_lr(CUdeviceptr lr);
   void set_seed(std::uint64_t seed);
+
+  // The context the launches must run in (the device's primary context), and the driver table
+  // they go through: a caller makes it current around a batch (ScopedContext).
+  CUcontext context() const { return update_.kernel().context; }
+  const CudaDriverApi& driver() const { return rt_->driver(); }
 
   void pass1(CUstream stream) { pass1_.launch(stream); }
   void reduce(CUstream stream) { reduce_.launch(stream); }
@@ -116,7 +116,7 @@ class BoundGroupLaunches {
 
  private:
   std::shared_ptr<AotRuntime> rt_;  // keeps the runtime the launches point into alive
-  CUdeviceptr found_inf_ = 0, reduce_flag_ = 0;
+  CUdeviceptr found_inf_ = 0, reduce_flag_ = 0, lr_ = 0;
   std::uint64_t seed_ = 0;
   KernelLaunch pass1_, reduce_, update_, commit_;
 };
