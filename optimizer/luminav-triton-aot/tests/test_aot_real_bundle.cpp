@@ -3,12 +3,20 @@
 // gives for its kernel. With a CUDA driver, every variant the device can run is also loaded and
 // its parameter list checked by the driver. Skipped when no bundle is present: set
 // LUMINAV_TEST_BUNDLE, or build one into <repo>/bundle-test.
-#include <cstdlib>
+#include <gtest/gtest.h>
 
-#include "fakes/fake_bundle.h"
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "aot/manifest.h"
+#include "aot/runtime.h"
+#include "luminav/cuda_driver.h"
 
 using luminav::AotManifest;
-using namespace luminav_test;
 
 namespace {
 

@@ -1,5 +1,12 @@
 // The CUDA driver table: loading (and its failures), the injectable override, and check().
-#include "fakes/fake_bundle.h"
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "fakes/expect_error.h"
+#include "fakes/fake_driver.h"
+#include "luminav/cuda_driver.h"
+#include "luminav/error.h"
 
 using luminav::CudaDriverApi;
 using luminav::Status;

@@ -1,11 +1,21 @@
 // AotManifest: parsing, validation, cubin verification (on first use, and all at once) and
 // variant lookup, on bundles written by the test itself; every corrupt bundle is refused with a
 // message naming file, field, expected and found, and none crashes the process.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "aot/manifest.h"
+#include "fakes/expect_error.h"
 #include "fakes/fake_bundle.h"
+#include "luminav/error.h"
 
 using luminav::AotManifest;
 using luminav::Error;

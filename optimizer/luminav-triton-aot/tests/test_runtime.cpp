@@ -1,10 +1,20 @@
 // AotRuntime, the module cache and launcher, driven through an injected driver table: what it
 // asks the driver (the kernelParams, grid, block and shared sizes of each launch), what it
 // caches, and every refusal before a launch.
-#include <atomic>
-#include <thread>
+#include <gtest/gtest.h>
 
+#include <atomic>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "aot/runtime.h"
+#include "aot/triton_abi.h"
+#include "fakes/expect_error.h"
 #include "fakes/fake_bundle.h"
+#include "fakes/fake_driver.h"
+#include "luminav/error.h"
 
 using luminav::AotManifest;
 using luminav::AotRuntime;

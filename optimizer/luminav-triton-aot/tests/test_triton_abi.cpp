@@ -1,6 +1,15 @@
 // Triton 3.x kernel ABI: the kernelParams array (user arguments, then 0, 1 or 2 implicit
 // trailing scratch pointers), argument type sizes, and scratch sizing.
-#include "fakes/fake_bundle.h"
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "aot/manifest.h"
+#include "aot/triton_abi.h"
+#include "fakes/expect_error.h"
+#include "luminav/error.h"
 
 using luminav::CUdeviceptr;
 using luminav::Status;

@@ -1,5 +1,6 @@
-// The engine on CPU: the update against a plain scalar transcription of docs/tdclm.md,
-// thread-count independence, checkpoint/resume, skip/raise, borrowed state.
+// tests/test_engine_cpu.cpp: the engine on CPU (src/engine/engine.cpp, cpu_device.cpp,
+// cpu_kernels.cpp): the update against a plain scalar transcription of docs/tdclm.md,
+// thread-count independence, skip/raise, borrowed state, validation
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include "engine/cpu_kernels.h"
 #include "engine/engine.h"
+#include "fakes/host_model.h"
 
 using luminav::BoundMode;
 using luminav::DType;
@@ -18,71 +20,9 @@ using luminav::EngineOptions;
 using luminav::Hyper;
 using luminav::NonFinite;
 using luminav::ParamDesc;
+using namespace luminav_test;
 
 namespace {
-
-// Tensors of one test model: params (as raw bytes of their dtype) and float32 grads.
-struct Model {
-  DType dtype = DType::kFloat32;
-  std::vector<std::vector<std::uint16_t>> half;  // bf16/f16 params
-  std::vector<std::vector<float>> f32;           // f32 params
-  std::vector<std::vector<float>> grads;
-
-  static Model make(const std::vector<std::int64_t>& sizes, DType dtype, std::uint32_t seed) {
-    Model m;
-    m.dtype = dtype;
-    std::mt19937 gen(seed);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (std::int64_t n : sizes) {
-      std::vector<float> p(static_cast<std::size_t>(n)), g(static_cast<std::size_t>(n));
-      for (auto& x : p) x = nd(gen);
-      for (auto& x : g) x = nd(gen) * 0.1f;
-      m.grads.push_back(g);
-      if (dtype == DType::kFloat32) {
-        m.f32.push_back(p);
-      } else {
-        std::vector<std::uint16_t> h(p.size());
-        for (std::size_t i = 0; i < p.size(); ++i)
-          h[i] = dtype == DType::kBFloat16 ? luminav::cpu::float_to_bf16_rne(p[i]) : luminav::cpu::float_to_f16_rne(p[i]);
-        m.half.push_back(h);
-      }
-    }
-    return m;
-  }
-  void* data(std::size_t j) { return dtype == DType::kFloat32 ? static_cast<void*>(f32[j].data()) : half[j].data(); }
-  std::size_t size() const { return grads.size(); }
-  std::vector<std::uint8_t> bytes() const {
-    std::vector<std::uint8_t> out;
-    for (std::size_t j = 0; j < size(); ++j) {
-      const std::uint8_t* b = dtype == DType::kFloat32 ? reinterpret_cast<const std::uint8_t*>(f32[j].data())
-                                                       : reinterpret_cast<const std::uint8_t*>(half[j].data());
-      out.insert(out.end(), b, b + grads[j].size() * (dtype == DType::kFloat32 ? 4 : 2));
-    }
-    return out;
-  }
-  void perturb_grads(int step) {
-    for (auto& g : grads)
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * static_cast<float>(i + 1) * static_cast<float>(step + 1)) * 0.05f;
-  }
-};
-
-std::unique_ptr<Engine> make_engine(Model& m, const Hyper& h, int threads, std::uint64_t seed = 1234) {
-  EngineOptions o;
-  o.num_threads = threads;
-  o.seed = seed;
-  auto e = std::make_unique<Engine>(o);
-  const std::size_t g = e->add_group(h);
-  for (std::size_t j = 0; j < m.size(); ++j) {
-    ParamDesc d;
-    d.data = m.data(j);
-    d.dtype = m.dtype;
-    d.grad = m.grads[j].data();
-    d.grad_dtype = DType::kFloat32;
-    d.numel = static_cast<std::int64_t>(m.grads[j].size());
-    e->add_param(g, d);
-  }
-  return e;
-}
 
 // docs/tdclm.md for float32 storage, one element at a time.
 void scalar_step(std::vector<float>& p, const std::vector<float>& grad, std::vector<float>& m, std::vector<float>& v,
@@ -201,66 +141,6 @@ TEST_F(EngineCpuTest, ThreadCountDoesNotChangeAnyBit) {
     EXPECT_EQ(e1->export_state(), e4->export_state()) << luminav::dtype_name(dt);
     EXPECT_EQ(e4->num_threads(), 4);
   }
-}
-
-TEST_F(EngineCpuTest, CheckpointResumeIsBitwiseTheUninterruptedRun) {
-  Hyper h;
-  h.clip = 2.0;
-  h.bound_mode = BoundMode::kAbs;
-  h.bound = 0.05;
-  h.state_dtype = DType::kBFloat16;
-  const std::vector<std::int64_t> sizes = {5, 4096, 777};
-  Model full = Model::make(sizes, DType::kBFloat16, 4);
-  auto ef = make_engine(full, h, 2, 99);
-  for (int step = 0; step < 6; ++step) {
-    full.perturb_grads(step);
-    ef->step();
-  }
-
-  Model part = Model::make(sizes, DType::kBFloat16, 4);
-  std::vector<std::uint8_t> ckpt;
-  {
-    auto e = make_engine(part, h, 2, 99);
-    for (int step = 0; step < 3; ++step) {
-      part.perturb_grads(step);
-      e->step();
-    }
-    ckpt = e->export_state();
-  }
-  auto er = make_engine(part, h, 1, /*seed overwritten by the state*/ 5);
-  er->import_state(ckpt.data(), ckpt.size());
-  EXPECT_EQ(er->seed(), 99u);
-  for (int step = 3; step < 6; ++step) {
-    part.perturb_grads(step);
-    er->step();
-  }
-  EXPECT_EQ(full.bytes(), part.bytes());
-  EXPECT_EQ(ef->export_state(), er->export_state());
-}
-
-TEST_F(EngineCpuTest, ImportRefusesAStateThatDoesNotFitAndChangesNothing) {
-  Hyper h;
-  Model a = Model::make({10, 20}, DType::kFloat32, 5);
-  auto e = make_engine(a, h, 1);
-  e->step();
-  std::vector<std::uint8_t> state = e->export_state();
-  Model b = Model::make({10, 21}, DType::kFloat32, 5);
-  auto other = make_engine(b, h, 1);
-  const std::vector<std::uint8_t> before = other->export_state();
-  try {
-    other->import_state(state.data(), state.size());
-    FAIL() << "import of a mismatched state succeeded";
-  } catch (const luminav::Error& err) {
-    EXPECT_EQ(err.status(), luminav::Status::kInvalidArgument);
-    EXPECT_NE(std::string(err.what()).find("numel 20"), std::string::npos) << err.what();
-  }
-  EXPECT_EQ(other->export_state(), before);
-  // Truncated and corrupted buffers.
-  EXPECT_THROW(e->import_state(state.data(), state.size() - 3), luminav::Error);
-  std::vector<std::uint8_t> bad = state;
-  bad[0] = 'X';
-  EXPECT_THROW(e->import_state(bad.data(), bad.size()), luminav::Error);
-  EXPECT_EQ(e->export_state(), state);
 }
 
 TEST_F(EngineCpuTest, NonFiniteGradientSkipsTheWholeStepAcrossGroups) {
