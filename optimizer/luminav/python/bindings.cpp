@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "aot/manifest.h"
@@ -169,8 +170,47 @@ NB_MODULE(_luminav, m) {
     d["commit"] = k.commit;
     return d;
   }, "config"_a, "The AOT variant keys the engine launches for one launch group.");
-  m.attr("GPU_BLOCK") = luminav::gpu::kBlock;
-  m.attr("GPU_TABLE_COLS") = luminav::gpu::kTableCols;
+
+  m.def("build_tables", [](const std::vector<RowTuple>& rows) {
+    const std::vector<luminav::TensorRow> r = luminav::make_rows(rows, false);
+    luminav::gpu::HostTables t = luminav::gpu::build_tables(r.data(), r.size());
+    return std::make_tuple(std::move(t.table), std::move(t.block_map), t.nblocks);
+  }, "rows"_a,
+        "(table, block_map, nblocks) as C++ writes them (build_tables) for rows of (param, grad, exp_avg, "
+        "exp_avg_sq, p_init, step, numel, elem_offset, param_index, global_numel): table is ntensors x TABLE_COLS "
+        "int64 values, row by row.");
+
+  // The contract constants, each read from its one C++ owner (tests/test_contract.py compares
+  // them with Python's): the table layout, the pointer alignment, the launch shapes, the codes.
+  namespace gpu = luminav::gpu;
+  m.attr("TABLE_COLS") = gpu::kTableCols;
+  m.attr("GPU_TABLE_COLS") = gpu::kTableCols;
+  m.attr("COL_PARAM") = gpu::kColParam;
+  m.attr("COL_GRAD") = gpu::kColGrad;
+  m.attr("COL_EXP_AVG") = gpu::kColExpAvg;
+  m.attr("COL_EXP_AVG_SQ") = gpu::kColExpAvgSq;
+  m.attr("COL_P_INIT") = gpu::kColPInit;
+  m.attr("COL_STEP") = gpu::kColStep;
+  m.attr("COL_NUMEL") = gpu::kColNumel;
+  m.attr("COL_BLOCK_START") = gpu::kColBlockStart;
+  m.attr("COL_ELEM_OFFSET") = gpu::kColElemOffset;
+  m.attr("COL_PARAM_INDEX") = gpu::kColParamIndex;
+  m.attr("COL_GLOBAL_NUMEL") = gpu::kColGlobalNumel;
+  m.attr("COL_CACHE") = gpu::kColCache;
+  m.attr("ALIGN_BYTES") = gpu::kAlignBytes;
+  m.attr("GPU_BLOCK") = gpu::kBlock;
+  m.attr("GPU_BLOCK_WARPS") = gpu::kBlockWarps;
+  m.attr("REDUCE_RBLOCK") = gpu::kReduceRBlock;
+  m.attr("REDUCE_WARPS") = gpu::kReduceWarps;
+  m.attr("COMMIT_TBLOCK") = gpu::kCommitTBlock;
+  m.attr("COMMIT_WARPS") = gpu::kCommitWarps;
+  nb::dict dtype_codes, bound_modes, nonfinite_codes;
+  for (luminav::DType d : luminav::kDTypes) dtype_codes[luminav::dtype_name(d)] = static_cast<int>(d);
+  for (luminav::BoundMode b : luminav::kBoundModes) bound_modes[luminav::bound_mode_name(b)] = static_cast<int>(b);
+  for (luminav::NonFinite n : luminav::kNonFinites) nonfinite_codes[luminav::nonfinite_name(n)] = static_cast<int>(n);
+  m.attr("DTYPE_CODES") = dtype_codes;
+  m.attr("BOUND_MODES") = bound_modes;
+  m.attr("NONFINITE_CODES") = nonfinite_codes;
 
   nb::class_<AotGroup>(m, "AotGroup",
                        "A launch group's AOT kernels loaded on one CUDA device, launched on the engine's bound "

@@ -16,7 +16,34 @@ const char* dtype_name(DType d) noexcept {
   return "unknown";
 }
 
+const char* dtype_word(DType d) noexcept {
+  switch (d) {
+    case DType::kFloat32: return "fp32";
+    case DType::kBFloat16: return "bf16";
+    case DType::kFloat16: return "fp16";
+  }
+  return "?";
+}
+
 std::size_t dtype_size(DType d) noexcept { return d == DType::kFloat32 ? 4 : 2; }
+
+const char* bound_mode_name(BoundMode m) noexcept {
+  switch (m) {
+    case BoundMode::kNone: return "none";
+    case BoundMode::kAbs: return "abs";
+    case BoundMode::kRel: return "rel";
+  }
+  return "?";
+}
+
+const char* nonfinite_name(NonFinite n) noexcept {
+  switch (n) {
+    case NonFinite::kSkip: return "skip";
+    case NonFinite::kRaise: return "raise";
+    case NonFinite::kPropagate: return "propagate";
+  }
+  return "?";
+}
 
 DType dtype_from_int(int code, const char* what) {
   if (code < 0 || code > 2) {
@@ -69,8 +96,8 @@ void validate_hyper(const Hyper& h) {
   const int mode = static_cast<int>(h.bound_mode);
   if (mode < 0 || mode > 2) bad("bound_mode must be 0 (none), 1 (abs) or 2 (rel), got " + std::to_string(mode));
   if (h.bound_mode != BoundMode::kNone && (!(h.bound > 0.0) || !std::isfinite(h.bound))) {
-    bad(std::string("bound must be a finite number > 0 when bound_mode='") +
-        (h.bound_mode == BoundMode::kAbs ? "abs" : "rel") + "', got " + num(h.bound));
+    bad(std::string("bound must be a finite number > 0 when bound_mode='") + bound_mode_name(h.bound_mode) +
+        "', got " + num(h.bound));
   }
   const int nf = static_cast<int>(h.nonfinite);
   if (nf < 0 || nf > 2) bad("nonfinite must be 0 (skip), 1 (raise) or 2 (propagate), got " + std::to_string(nf));

@@ -62,9 +62,9 @@ void* hptr(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<std::uint
 constexpr std::size_t kFlagSlots = 64;
 // Each int32 flag on its own 16 bytes: a bundle kernel assumes every pointer argument is 16-byte
 // aligned (docs/bundle-format.md). A pair is found_inf, then the non-skipping groups' flag.
-constexpr std::size_t kFlagBytes = 16;
+constexpr std::size_t kFlagBytes = gpu::kAlignBytes;
 constexpr std::size_t kFlagPairBytes = 2 * kFlagBytes;
-constexpr std::size_t kCounterBytes = 16;  // the applied-step counter (int64), padded
+constexpr std::size_t kCounterBytes = gpu::kAlignBytes;  // the applied-step counter (int64), padded
 
 struct GroupCache {
   Device* device = nullptr;  // frees `buffers` when the group's rows are rebuilt
@@ -403,12 +403,12 @@ class CudaDevice final : public Device {
       // The applied-step counter's row: no elements, no programs; commit advances its STEP.
       const std::size_t row = t.table.size();
       t.table.resize(row + gpu::kTableCols, 0);
-      t.table[row + 5] = static_cast<std::int64_t>(applied_);
+      t.table[row + gpu::kColStep] = static_cast<std::int64_t>(applied_);
     }
     c->counts_applied = counts_applied;
     c->host_block_map = t.block_map;
     auto grab = [&](std::size_t bytes) {
-      CUdeviceptr p = dptr(alloc(bytes < 16 ? 16 : bytes));
+      CUdeviceptr p = dptr(alloc(bytes < gpu::kAlignBytes ? gpu::kAlignBytes : bytes));
       c->buffers.push_back(p);
       return p;
     };

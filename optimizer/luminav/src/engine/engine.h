@@ -25,8 +25,16 @@ enum class BoundMode : int { kNone = 0, kAbs = 1, kRel = 2 };
 enum class NonFinite : int { kSkip = 0, kRaise = 1, kPropagate = 2 };
 enum class DeviceType : int { kCpu = 0, kCuda = 1 };
 
+// Every value of each enum, in code order (the contract constants of the bindings list them).
+constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+constexpr BoundMode kBoundModes[] = {BoundMode::kNone, BoundMode::kAbs, BoundMode::kRel};
+constexpr NonFinite kNonFinites[] = {NonFinite::kSkip, NonFinite::kRaise, NonFinite::kPropagate};
+
 const char* dtype_name(DType d) noexcept;            // "float32", "bfloat16", "float16"
+const char* dtype_word(DType d) noexcept;            // "fp32", "bf16", "fp16" (Triton; `aot build --dtypes`)
 std::size_t dtype_size(DType d) noexcept;            // 4, 2, 2
+const char* bound_mode_name(BoundMode m) noexcept;   // "none", "abs", "rel" (Python's bound_mode)
+const char* nonfinite_name(NonFinite n) noexcept;    // "skip", "raise", "propagate" (Python's nonfinite)
 DType dtype_from_int(int code, const char* what);    // throws kInvalidArgument naming `what`
 BoundMode bound_mode_from_int(int code);
 NonFinite nonfinite_from_int(int code);

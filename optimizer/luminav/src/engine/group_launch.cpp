@@ -11,6 +11,8 @@ namespace luminav {
 namespace gpu {
 
 namespace {
+std::int64_t address(const void* p) { return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p)); }
+
 std::string dtypes_part(std::initializer_list<std::pair<char, int>> items) {
   std::string s;
   for (const auto& it : items) {
@@ -58,18 +60,18 @@ HostTables build_tables(const TensorRow* rows, std::size_t n) {
   for (std::size_t j = 0; j < n; ++j) {
     const TensorRow& r = rows[j];
     std::int64_t* row = t.table.data() + j * kTableCols;
-    row[0] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(r.param));
-    row[1] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(r.grad));
-    row[2] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(r.exp_avg));
-    row[3] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(r.exp_avg_sq));
-    row[4] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(r.p_init));
-    row[5] = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(r.step));
-    row[6] = r.numel;
-    row[7] = start;
-    row[8] = r.elem_offset;
-    row[9] = r.param_index;
-    row[10] = r.global_numel;
-    // row[11] and the step-constant cache (12..17) start at zero: no cached step
+    row[kColParam] = address(r.param);
+    row[kColGrad] = address(r.grad);
+    row[kColExpAvg] = address(r.exp_avg);
+    row[kColExpAvgSq] = address(r.exp_avg_sq);
+    row[kColPInit] = address(r.p_init);
+    row[kColStep] = address(r.step);
+    row[kColNumel] = r.numel;
+    row[kColBlockStart] = start;
+    row[kColElemOffset] = r.elem_offset;
+    row[kColParamIndex] = r.param_index;
+    row[kColGlobalNumel] = r.global_numel;
+    // column 11 and the step-constant cache (kColCache..17) start at zero: no cached step
     start += (r.numel + kBlock - 1) / kBlock;
   }
   if (start > 0x7FFFFFFF) {
@@ -79,20 +81,11 @@ HostTables build_tables(const TensorRow* rows, std::size_t n) {
   t.nblocks = start;
   t.block_map.resize(static_cast<std::size_t>(start));
   for (std::size_t j = 0; j < n; ++j) {
-    const std::int64_t b0 = t.table[j * kTableCols + 7];
+    const std::int64_t b0 = t.table[j * kTableCols + kColBlockStart];
     const std::int64_t nb = (rows[j].numel + kBlock - 1) / kBlock;
     for (std::int64_t b = 0; b < nb; ++b) t.block_map[static_cast<std::size_t>(b0 + b)] = static_cast<std::int32_t>(j);
   }
   return t;
-}
-
-const char* aot_dtype_word(DType d) {
-  switch (d) {
-    case DType::kFloat32: return "fp32";
-    case DType::kBFloat16: return "bf16";
-    case DType::kFloat16: return "fp16";
-  }
-  return "?";
 }
 
 GroupScalars group_scalars(const GroupConfig& cfg) {
@@ -137,8 +130,8 @@ const LoadedKernel& GroupKernels::resolve(const std::string& key) const {
     const std::string arch = std::to_string(info.cc_major) + std::to_string(info.cc_minor);
     throw Error(Status::kNotFound, "variant " + key + " for sm_" + arch + " is not in bundle " + rt_->manifest().dir() +
                                        "; rebuild with `luminamoon aot build --arch " + arch + " --dtypes " +
-                                       aot_dtype_word(cfg_.param_dtype) + ":" + aot_dtype_word(cfg_.grad_dtype) + ":" +
-                                       aot_dtype_word(cfg_.state_dtype) + "`");
+                                       dtype_word(cfg_.param_dtype) + ":" + dtype_word(cfg_.grad_dtype) + ":" +
+                                       dtype_word(cfg_.state_dtype) + "`");
   }
   return rt_->load(*meta, device_);
 }

@@ -5,6 +5,7 @@
 // by the engine's CUDA device and by the "aot" Python backend (AotGroup, engine/group.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,7 +26,18 @@ constexpr int kReduceRBlock = 16384;
 constexpr int kReduceWarps = 16;
 constexpr int kCommitTBlock = 1024;
 constexpr int kCommitWarps = 4;
-constexpr int kTableCols = 18;  // gpu_backend.TABLE_COLS
+
+// The device table (docs/internals.md "Device tables"; gpu_backend.TABLE_COLS and COL_*): an
+// int64 row per tensor. Columns 0-10 are written by build_tables, 11 is reserved, 12-17 are the
+// step-constant cache (two slots of 3), zero on the host and written by the update kernels.
+constexpr int kTableCols = 18;
+constexpr int kColParam = 0, kColGrad = 1, kColExpAvg = 2, kColExpAvgSq = 3, kColPInit = 4, kColStep = 5;
+constexpr int kColNumel = 6, kColBlockStart = 7, kColElemOffset = 8, kColParamIndex = 9, kColGlobalNumel = 10;
+constexpr int kColCache = 12;
+
+// Every pointer a bundle kernel is handed must be a multiple of this many bytes: the kernels are
+// compiled with 16-byte divisibility hints on their pointers (gpu_backend.ALIGN_BYTES).
+constexpr std::size_t kAlignBytes = 16;
 
 // The keys one launch group runs (gpu_backend.variants_for): pass1/reduce/pass2 when pass 1 is
 // needed, else single_pass; commit always. Unused keys are empty.
@@ -44,9 +56,6 @@ struct HostTables {
 };
 // `rows` hold device addresses; throws kInvalidArgument for more than 2^31-1 blocks.
 HostTables build_tables(const TensorRow* rows, std::size_t n);
-
-// "fp32" / "bf16" / "fp16", as `luminamoon aot build --dtypes` spells them.
-const char* aot_dtype_word(DType d);
 
 // The scalar arguments of a group's pass 1 and update kernels (internals.md), rounded once.
 struct GroupScalars {

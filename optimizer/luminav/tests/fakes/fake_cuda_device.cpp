@@ -95,7 +95,7 @@ void run(Launch l) {
     const std::int32_t found_inf = l.reads_flag ? *static_cast<const std::int32_t*>(at(l.args[1])) : 0;
     const auto* table = static_cast<const std::int64_t*>(at(l.args[0]));
     for (std::uint64_t r = 0; r < l.args[2]; ++r) {
-      *static_cast<std::int64_t*>(at(static_cast<CUdeviceptr>(table[r * luminav::gpu::kTableCols + 5]))) += 1 - found_inf;
+      *static_cast<std::int64_t*>(at(static_cast<CUdeviceptr>(table[r * luminav::gpu::kTableCols + 5]  /* STEP */))) += 1 - found_inf;
     }
   }
   dev().launches.push_back(l);

@@ -123,12 +123,6 @@ DType parse_dtype(const std::string& flag, const std::string& value) {
   throw UsageError{flag + " takes fp32 or bf16, got \"" + value + "\""};
 }
 
-const char* dtype_word(DType d) { return d == DType::kFloat32 ? "fp32" : d == DType::kBFloat16 ? "bf16" : "fp16"; }
-const char* nonfinite_word(NonFinite n) {
-  return n == NonFinite::kSkip ? "skip" : n == NonFinite::kRaise ? "raise" : "propagate";
-}
-const char* bound_word(BoundMode b) { return b == BoundMode::kNone ? "none" : b == BoundMode::kAbs ? "abs" : "rel"; }
-
 BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   BenchOptions o;
   bool have_bundle = false, have_device = false, have_tensors = false, have_numel = false;
@@ -870,7 +864,7 @@ void print_report(const BenchOptions& o, const Model& model, const Results& r, c
             << (o.shapes.empty() ? " of " + with_commas(o.numel) : " (" + o.shapes + ")") << ", "
             << with_commas(model.elements) << " elements (" << fixed(param_mib, 1) << " MiB of params); param/grad "
             << dtype_word(o.dtype) << ", state " << dtype_word(o.state_dtype) << "; clip " << o.clip << ", nonfinite "
-            << nonfinite_word(o.nonfinite) << ", bound " << bound_word(o.bound) << "\n\n";
+            << nonfinite_name(o.nonfinite) << ", bound " << bound_mode_name(o.bound) << "\n\n";
 
   std::cout << "cold start (steady_clock from the first statement of main()):\n";
   std::vector<std::vector<std::string>> rows = {{"phase", "ms", "since main, ms"}};
@@ -938,8 +932,8 @@ std::vector<std::string> csv_row(const BenchOptions& o, const Model& model, cons
           dtype_word(o.dtype),
           dtype_word(o.state_dtype),
           fixed(o.clip, 3),
-          nonfinite_word(o.nonfinite),
-          bound_word(o.bound),
+          nonfinite_name(o.nonfinite),
+          bound_mode_name(o.bound),
           std::to_string(o.steps),
           std::to_string(o.warmup),
           fixed(r.host_us_mean, 3),
