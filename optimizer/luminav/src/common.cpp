@@ -1,4 +1,5 @@
-// dtype helpers and hyperparameter validation shared by the engine, the C API and the bindings.
+// src/common.cpp: the enums' names and codes, and hyperparameter validation, shared by the engine,
+// the C API and the bindings
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -7,68 +8,46 @@
 
 namespace luminav {
 
-const char* dtype_name(DType d) noexcept {
-  switch (d) {
-    case DType::kFloat32: return "float32";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat16: return "float16";
-  }
-  return "unknown";
+namespace {
+
+// Each enum's names, indexed by its code (the order of kDTypes, kBoundModes, kNonFinites).
+constexpr const char* kDTypeNames[] = {"float32", "bfloat16", "float16"};
+constexpr const char* kDTypeWords[] = {"fp32", "bf16", "fp16"};
+constexpr const char* kBoundModeNames[] = {"none", "abs", "rel"};
+constexpr const char* kNonFiniteNames[] = {"skip", "raise", "propagate"};
+
+template <class E, std::size_t N>
+const char* name_of(const char* const (&names)[N], E value, const char* unknown) noexcept {
+  const auto i = static_cast<std::size_t>(value);
+  return i < N ? names[i] : unknown;
 }
 
-const char* dtype_word(DType d) noexcept {
-  switch (d) {
-    case DType::kFloat32: return "fp32";
-    case DType::kBFloat16: return "bf16";
-    case DType::kFloat16: return "fp16";
+// The enum value of `code`, or Error(kInvalidArgument): "<prefix>0 (a), 1 (b) or 2 (c), got <code>".
+template <class E, std::size_t N>
+E from_int(int code, const char* const (&names)[N], const std::string& prefix) {
+  if (code < 0 || code >= static_cast<int>(N)) {
+    std::string choices;
+    for (std::size_t i = 0; i < N; ++i) {
+      choices += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::to_string(i) + " (" + names[i] + ")";
+    }
+    throw Error(Status::kInvalidArgument, prefix + choices + ", got " + std::to_string(code));
   }
-  return "?";
+  return static_cast<E>(code);
 }
 
+}  // namespace
+
+const char* dtype_name(DType d) noexcept { return name_of(kDTypeNames, d, "unknown"); }
+const char* dtype_word(DType d) noexcept { return name_of(kDTypeWords, d, "?"); }
 std::size_t dtype_size(DType d) noexcept { return d == DType::kFloat32 ? 4 : 2; }
-
-const char* bound_mode_name(BoundMode m) noexcept {
-  switch (m) {
-    case BoundMode::kNone: return "none";
-    case BoundMode::kAbs: return "abs";
-    case BoundMode::kRel: return "rel";
-  }
-  return "?";
-}
-
-const char* nonfinite_name(NonFinite n) noexcept {
-  switch (n) {
-    case NonFinite::kSkip: return "skip";
-    case NonFinite::kRaise: return "raise";
-    case NonFinite::kPropagate: return "propagate";
-  }
-  return "?";
-}
+const char* bound_mode_name(BoundMode m) noexcept { return name_of(kBoundModeNames, m, "?"); }
+const char* nonfinite_name(NonFinite n) noexcept { return name_of(kNonFiniteNames, n, "?"); }
 
 DType dtype_from_int(int code, const char* what) {
-  if (code < 0 || code > 2) {
-    throw Error(Status::kInvalidArgument,
-                std::string(what) + " must be a dtype code 0 (float32), 1 (bfloat16) or 2 (float16), got " +
-                    std::to_string(code));
-  }
-  return static_cast<DType>(code);
+  return from_int<DType>(code, kDTypeNames, std::string(what) + " must be a dtype code ");
 }
-
-BoundMode bound_mode_from_int(int code) {
-  if (code < 0 || code > 2) {
-    throw Error(Status::kInvalidArgument,
-                "bound_mode must be 0 (none), 1 (abs) or 2 (rel), got " + std::to_string(code));
-  }
-  return static_cast<BoundMode>(code);
-}
-
-NonFinite nonfinite_from_int(int code) {
-  if (code < 0 || code > 2) {
-    throw Error(Status::kInvalidArgument,
-                "nonfinite must be 0 (skip), 1 (raise) or 2 (propagate), got " + std::to_string(code));
-  }
-  return static_cast<NonFinite>(code);
-}
+BoundMode bound_mode_from_int(int code) { return from_int<BoundMode>(code, kBoundModeNames, "bound_mode must be "); }
+NonFinite nonfinite_from_int(int code) { return from_int<NonFinite>(code, kNonFiniteNames, "nonfinite must be "); }
 
 namespace {
 std::string num(double x) {
@@ -93,14 +72,12 @@ void validate_hyper(const Hyper& h) {
     bad("weight_decay must be a finite number >= 0, got " + num(h.weight_decay));
   if (!(h.clip >= 0.0) || !std::isfinite(h.clip))
     bad("clip must be a finite number >= 0 (0 turns clipping off), got " + num(h.clip));
-  const int mode = static_cast<int>(h.bound_mode);
-  if (mode < 0 || mode > 2) bad("bound_mode must be 0 (none), 1 (abs) or 2 (rel), got " + std::to_string(mode));
+  (void)bound_mode_from_int(static_cast<int>(h.bound_mode));
   if (h.bound_mode != BoundMode::kNone && (!(h.bound > 0.0) || !std::isfinite(h.bound))) {
     bad(std::string("bound must be a finite number > 0 when bound_mode='") + bound_mode_name(h.bound_mode) +
         "', got " + num(h.bound));
   }
-  const int nf = static_cast<int>(h.nonfinite);
-  if (nf < 0 || nf > 2) bad("nonfinite must be 0 (skip), 1 (raise) or 2 (propagate), got " + std::to_string(nf));
+  (void)nonfinite_from_int(static_cast<int>(h.nonfinite));
   if (h.state_dtype != DType::kFloat32 && h.state_dtype != DType::kBFloat16) {
     const int code = static_cast<int>(h.state_dtype);
     bad(std::string("state_dtype must be float32 (0) or bfloat16 (1), got ") +
