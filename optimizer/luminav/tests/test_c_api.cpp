@@ -1,5 +1,6 @@
-// The C API's contract: status codes, lv_last_error messages, handle validation, ownership of
-// state, and the C++ RAII layer over it.
+// tests/test_c_api.cpp: the C API's contract (src/c_api.cpp): status codes, lv_last_error
+// messages, handle validation, hyperparameters checked as float32, byte counts that cannot
+// overflow, ownership of state, and the C++ RAII layer over it
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -140,6 +141,86 @@ TEST_F(CApiTest, BadHyperparametersNameTheValueAndTheRange) {
   double lr = 0;
   ASSERT_EQ(lv_optimizer_get_lr(opt_, 0, &lr), LV_STATUS_OK);
   EXPECT_EQ(lr, 1e-3);
+}
+
+TEST_F(CApiTest, HyperparametersAreCheckedAsFloat32TheKernelsSeeThem) {
+  struct Case {
+    void (*set)(lv_hyperparams*);
+    const char* message;
+  };
+  const Case refused[] = {
+      {[](lv_hyperparams* h) { h->lr = 1e39; }, "lr must be finite in float32, got 1e+39"},
+      {[](lv_hyperparams* h) { h->beta1 = 0.999999999999; },
+       "betas[0] rounds to 1.0 in float32 (got 0.999999999999); use a value <= 0.99999994"},
+      {[](lv_hyperparams* h) { h->beta2 = 0.99999999; },
+       "betas[1] rounds to 1.0 in float32 (got 0.99999999); use a value <= 0.99999994"},
+      {[](lv_hyperparams* h) { h->eps = 1e-50; }, "eps rounds to 0 in float32 (got 1e-50); use eps >= 1e-38"},
+      {[](lv_hyperparams* h) { h->eps = 1e39; }, "eps must be finite in float32, got 1e+39"},
+      {[](lv_hyperparams* h) { h->weight_decay = 3.5e38; }, "weight_decay must be finite in float32, got 3.5e+38"},
+      {[](lv_hyperparams* h) { h->clip = 1e300; }, "clip must be finite in float32, got 1e+300"},
+      {[](lv_hyperparams* h) { h->clip = 1e-50; },
+       "clip rounds to 0 in float32 (got 1e-50); use clip = 0 to turn clipping off, or clip >= 1e-38"},
+      {[](lv_hyperparams* h) { h->bound_mode = LV_BOUND_REL; h->bound = 1e39; },
+       "bound must be finite in float32, got 1e+39"},
+      {[](lv_hyperparams* h) { h->bound_mode = LV_BOUND_ABS; h->bound = 1e-50; },
+       "bound rounds to 0 in float32 (got 1e-50); use bound >= 1e-38"},
+  };
+  for (const Case& c : refused) {
+    lv_hyperparams h;
+    ASSERT_EQ(lv_hyperparams_init(&h), LV_STATUS_OK);
+    c.set(&h);
+    EXPECT_EQ(lv_optimizer_add_group(opt_, &h, nullptr), LV_STATUS_INVALID_ARGUMENT) << c.message;
+    EXPECT_EQ(last(), c.message);
+  }
+  // The edges that are still float32 values pass: the largest float32, the largest beta below 1,
+  // the smallest subnormal eps, and bounds or clips that only an unbounded group would ignore.
+  const Case accepted[] = {
+      {[](lv_hyperparams* h) { h->lr = 3.4028234663852886e38; }, "lr = FLT_MAX"},
+      {[](lv_hyperparams* h) { h->beta1 = 0.99999994; h->beta2 = 0.99999997; }, "betas just below 1"},
+      {[](lv_hyperparams* h) { h->eps = 1e-45; }, "eps a float32 subnormal"},
+      {[](lv_hyperparams* h) { h->clip = 0.0; h->bound = 1e-50; }, "bound unused with bound_mode none"},
+  };
+  for (const Case& c : accepted) {
+    lv_hyperparams h;
+    ASSERT_EQ(lv_hyperparams_init(&h), LV_STATUS_OK);
+    c.set(&h);
+    EXPECT_EQ(lv_optimizer_add_group(opt_, &h, nullptr), LV_STATUS_OK) << c.message << ": " << last();
+  }
+  // lr set between steps is checked the same way, and a refused one changes nothing.
+  EXPECT_EQ(lv_optimizer_set_lr(opt_, 0, 1e39), LV_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(last(), "lr must be finite in float32, got 1e+39");
+  double lr = 0;
+  ASSERT_EQ(lv_optimizer_get_lr(opt_, 0, &lr), LV_STATUS_OK);
+  EXPECT_EQ(lr, 3.4028234663852886e38);
+}
+
+TEST_F(CApiTest, ANumelWhoseByteCountOverflowsIsRefusedWithTheLimit) {
+  size_t g = 0;
+  ASSERT_EQ(lv_optimizer_add_group(opt_, &hyper_, &g), LV_STATUS_OK);
+  desc_.numel = int64_t{1} << 62;  // numel * 4 wraps to 0 in 64 bits
+  EXPECT_EQ(lv_optimizer_add_param(opt_, g, &desc_, nullptr), LV_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(last(), "numel of parameter 0 is 4611686018427387904: its float32 storage, 4 bytes per element, needs "
+                    "more than 2^63-1 bytes; numel must be <= 2305843009213693951");
+  desc_.numel = int64_t{2305843009213693951} + 1;  // the first numel past the limit
+  EXPECT_EQ(lv_optimizer_add_param(opt_, g, &desc_, nullptr), LV_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("is 2305843009213693952:"), std::string::npos) << last();
+  // 16-bit params with float32 states: the states' 4 bytes set the limit.
+  desc_.dtype = LV_DTYPE_BFLOAT16;
+  desc_.grad_dtype = LV_DTYPE_BFLOAT16;
+  EXPECT_EQ(lv_optimizer_add_param(opt_, g, &desc_, nullptr), LV_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(last().find("float32 storage, 4 bytes per element"), std::string::npos) << last();
+  // All of 2 bytes: the limit doubles.
+  lv_hyperparams bf16 = hyper_;
+  bf16.state_dtype = LV_DTYPE_BFLOAT16;
+  size_t g16 = 0;
+  ASSERT_EQ(lv_optimizer_add_group(opt_, &bf16, &g16), LV_STATUS_OK);
+  desc_.numel = int64_t{1} << 62;
+  EXPECT_EQ(lv_optimizer_add_param(opt_, g16, &desc_, nullptr), LV_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(last(), "numel of parameter 0 is 4611686018427387904: its bfloat16 storage, 2 bytes per element, needs "
+                    "more than 2^63-1 bytes; numel must be <= 4611686018427387903");
+  size_t n = 99;
+  ASSERT_EQ(lv_optimizer_get_num_params(opt_, &n), LV_STATUS_OK);
+  EXPECT_EQ(n, 0u);  // nothing was added
 }
 
 TEST_F(CApiTest, NonFiniteRaiseReturnsItsStatusAndChangesNothing) {

@@ -4,7 +4,9 @@
 // The per-element work is in cpu_kernels.cpp (CPU, through cpu_device.cpp) and the AOT
 // bundle's kernels (CUDA, cuda_device.cpp); state export and import are in state_io.cpp.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -152,6 +154,19 @@ std::size_t Engine::add_param(std::size_t group, const ParamDesc& desc) {
   if (desc.numel < 0) {
     throw Error(Status::kInvalidArgument, "numel of parameter " + std::to_string(k) + " must be >= 0, got " +
                                               std::to_string(desc.numel));
+  }
+  // Every byte count (numel times an element size) must fit a ptrdiff_t: a larger numel would
+  // wrap the counts the engine allocates and copies (numel = 2^62 makes numel * 4 zero).
+  const DType widest = std::max({desc.dtype, desc.grad_dtype, g.hyper.state_dtype},
+                                [](DType a, DType b) { return dtype_size(a) < dtype_size(b); });
+  const std::int64_t max_numel =
+      std::numeric_limits<std::ptrdiff_t>::max() / static_cast<std::int64_t>(dtype_size(widest));
+  if (desc.numel > max_numel) {
+    throw Error(Status::kInvalidArgument, "numel of parameter " + std::to_string(k) + " is " +
+                                              std::to_string(desc.numel) + ": its " + dtype_name(widest) +
+                                              " storage, " + std::to_string(dtype_size(widest)) +
+                                              " bytes per element, needs more than 2^63-1 bytes; numel must be <= " +
+                                              std::to_string(max_numel));
   }
   if (desc.numel > 0 && !desc.data) {
     throw Error(Status::kInvalidArgument, "parameter " + std::to_string(k) + " has numel " + std::to_string(desc.numel) +
