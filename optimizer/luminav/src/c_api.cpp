@@ -12,6 +12,7 @@
 
 #include "luminav/cuda_driver.h"
 #include "engine/engine.h"
+#include "luminav_version.h"
 #include "luminav/error.h"
 
 namespace {
@@ -128,7 +129,7 @@ extern "C" {
 
 uint32_t lv_api_version(void) { return LV_API_VERSION; }
 
-const char* lv_version_string(void) { return "0.1.0"; }
+const char* lv_version_string(void) { return LUMINAV_VERSION_STRING; }
 
 const char* lv_last_error(void) { return g_last_error.c_str(); }
 

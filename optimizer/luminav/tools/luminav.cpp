@@ -25,13 +25,12 @@
 #include "common/table.h"
 #include "luminav/cuda_driver.h"
 #include "luminav/error.h"
+#include "luminav/luminav.h"
 
 namespace {
 
 using namespace luminav;
 using namespace luminav::tools;
-
-constexpr const char* kVersion = "0.1.0";
 
 constexpr const char* kUsage =
     "usage: luminav <command> [options]\n"
@@ -120,7 +119,7 @@ int cmd_verify(const BundleOptions& o) {
 }
 
 int cmd_version() {
-  std::cout << "luminav " << kVersion << "\n"
+  std::cout << "luminav " << lv_version_string() << "\n"
             << "bundle format: " << kAotBundleFormat << " v" << kAotBundleFormatVersion << " (newest read)\n";
   if (cuda_driver_available()) {
     const CudaDriverApi& api = cuda_driver();

@@ -99,7 +99,7 @@ typedef struct lv_param_desc {
 /* The library's API version; the C++ API refuses a library whose version differs from
  * LV_API_VERSION. */
 LV_API uint32_t lv_api_version(void);
-/* The library's version string, e.g. "0.1.0" (static storage; do not free). */
+/* The library's version string, "major.minor.patch" (static storage; do not free). */
 LV_API const char* lv_version_string(void);
 /* The message of the last failing call on this thread ("" when none). Owned by the library;
  * valid until the next failing call on this thread. */
