@@ -1,3 +1,5 @@
+// tests/test_aot_real_bundle.cpp: the manifest and runtime (src/aot/) on a real bundle
+//
 // A real bundle written by the Python builder (`python -m luminamoon.aot build --arch 90 --out
 // DIR`): the loader accepts it, and every variant's argument list is the one docs/internals.md
 // gives for its kernel. With a CUDA driver, every variant the device can run is also loaded and

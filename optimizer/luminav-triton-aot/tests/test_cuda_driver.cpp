@@ -1,4 +1,5 @@
-// The CUDA driver table: loading (and its failures), the injectable override, and check().
+// tests/test_cuda_driver.cpp: the CUDA driver table (src/aot/cuda_driver.cpp): loading (and its
+// failures), the injectable override, and check()
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,3 +1,5 @@
+// tests/test_manifest.cpp: the bundle manifest (src/aot/manifest.cpp)
+//
 // AotManifest: parsing, validation, cubin verification (on first use, and all at once) and
 // variant lookup, on bundles written by the test itself; every corrupt bundle is refused with a
 // message naming file, field, expected and found, and none crashes the process.

@@ -1,3 +1,5 @@
+// tests/test_runtime.cpp: the AOT runtime (src/aot/runtime.cpp)
+//
 // AotRuntime, the module cache and launcher, driven through an injected driver table: what it
 // asks the driver (the kernelParams, grid, block and shared sizes of each launch), what it
 // caches, and every refusal before a launch.
@@ -23,7 +25,7 @@ using luminav::LoadedKernel;
 using luminav::Status;
 using namespace luminav_test;
 
-class ModuleCacheTest : public FakeDriverFixture {
+class RuntimeTest : public FakeDriverFixture {
  protected:
   // A bundle with the pass-2 variant for the given archs; `edit` may change the first entry.
   AotManifest bundle(const std::vector<int>& archs, const std::function<void(json&)>& edit = nullptr) {
@@ -45,7 +47,7 @@ class ModuleCacheTest : public FakeDriverFixture {
   TempDir dir_;
 };
 
-TEST_F(ModuleCacheTest, LoadsLazilyOncePerDeviceInThePrimaryContext) {
+TEST_F(RuntimeTest, LoadsLazilyOncePerDeviceInThePrimaryContext) {
   fake().device_count = 2;
   {
     AotRuntime rt(bundle({90}));
@@ -77,7 +79,7 @@ TEST_F(ModuleCacheTest, LoadsLazilyOncePerDeviceInThePrimaryContext) {
   EXPECT_EQ(fake().releases, 2);
 }
 
-TEST_F(ModuleCacheTest, LaunchPassesUserArgumentsThenNullScratchAndTheVariantsSizes) {
+TEST_F(RuntimeTest, LaunchPassesUserArgumentsThenNullScratchAndTheVariantsSizes) {
   AotRuntime rt(bundle({90}));
   const LoadedKernel& k = rt.get(kPass2Key, 0);
   Args a;
@@ -107,7 +109,7 @@ TEST_F(ModuleCacheTest, LaunchPassesUserArgumentsThenNullScratchAndTheVariantsSi
   EXPECT_EQ(fake().ctx_stack.back(), fake_user_ctx());  // the caller's context is back
 }
 
-TEST_F(ModuleCacheTest, ABundleOfAnOlderTritonLaunchesWithItsOwnTrailingCount) {
+TEST_F(RuntimeTest, ABundleOfAnOlderTritonLaunchesWithItsOwnTrailingCount) {
   for (int trailing : {0, 1}) {
     SCOPED_TRACE(trailing);
     TempDir dir;
@@ -128,7 +130,7 @@ TEST_F(ModuleCacheTest, ABundleOfAnOlderTritonLaunchesWithItsOwnTrailingCount) {
   }
 }
 
-TEST_F(ModuleCacheTest, GlobalScratchIsAllocatedAlignedOncePerGridAndFreed) {
+TEST_F(RuntimeTest, GlobalScratchIsAllocatedAlignedOncePerGridAndFreed) {
   fake().use_param_sizes = true;
   fake().param_sizes = {8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 8, 8};
   std::vector<CUdeviceptr> freed_expected;
@@ -158,7 +160,7 @@ TEST_F(ModuleCacheTest, GlobalScratchIsAllocatedAlignedOncePerGridAndFreed) {
   EXPECT_EQ(fake().freed.size(), 2u);
 }
 
-TEST_F(ModuleCacheTest, LargeSharedMemoryIsOptedIntoAndTooMuchIsRefused) {
+TEST_F(RuntimeTest, LargeSharedMemoryIsOptedIntoAndTooMuchIsRefused) {
   {
     AotRuntime rt(bundle({90}, [](json& e) { e["shared_mem"] = 100000; }));
     const LoadedKernel& k = rt.get(kPass2Key, 0);
@@ -179,13 +181,13 @@ TEST_F(ModuleCacheTest, LargeSharedMemoryIsOptedIntoAndTooMuchIsRefused) {
   EXPECT_EQ(fake().module_loads, 1);  // only the first runtime's load
 }
 
-TEST_F(ModuleCacheTest, SmallSharedMemoryNeedsNoAttribute) {
+TEST_F(RuntimeTest, SmallSharedMemoryNeedsNoAttribute) {
   AotRuntime rt(bundle({90}, [](json& e) { e["shared_mem"] = 49152; }));
   rt.get(kPass2Key, 0);
   EXPECT_TRUE(fake().func_set_attributes.empty());
 }
 
-TEST_F(ModuleCacheTest, AModuleTheDriverRejectsIsADriverErrorAndNothingIsCached) {
+TEST_F(RuntimeTest, AModuleTheDriverRejectsIsADriverErrorAndNothingIsCached) {
   fake().module_load_result = luminav::CUDA_ERROR_INVALID_IMAGE;
   AotRuntime rt(bundle({90}));
   expect_error([&] { rt.get(kPass2Key, 0); }, Status::kDriverError,
@@ -198,7 +200,7 @@ TEST_F(ModuleCacheTest, AModuleTheDriverRejectsIsADriverErrorAndNothingIsCached)
   EXPECT_EQ(rt.loaded_count(), 1u);
 }
 
-TEST_F(ModuleCacheTest, AMissingEntrySymbolIsRefusedAndTheModuleUnloaded) {
+TEST_F(RuntimeTest, AMissingEntrySymbolIsRefusedAndTheModuleUnloaded) {
   fake().entries = {"some_other_kernel"};
   AotRuntime rt(bundle({90}));
   expect_error([&] { rt.get(kPass2Key, 0); }, Status::kBundleError,
@@ -208,7 +210,7 @@ TEST_F(ModuleCacheTest, AMissingEntrySymbolIsRefusedAndTheModuleUnloaded) {
   EXPECT_EQ(rt.loaded_count(), 0u);
 }
 
-TEST_F(ModuleCacheTest, AParameterCountThatDisagreesIsRefusedBeforeAnyLaunch) {
+TEST_F(RuntimeTest, AParameterCountThatDisagreesIsRefusedBeforeAnyLaunch) {
   fake().use_param_sizes = true;
   fake().param_sizes = {8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 8};  // 14: one trailing pointer
   AotRuntime rt(bundle({90}));
@@ -220,7 +222,7 @@ TEST_F(ModuleCacheTest, AParameterCountThatDisagreesIsRefusedBeforeAnyLaunch) {
   EXPECT_EQ(rt.loaded_count(), 0u);
 }
 
-TEST_F(ModuleCacheTest, AParameterSizeThatDisagreesIsRefused) {
+TEST_F(RuntimeTest, AParameterSizeThatDisagreesIsRefused) {
   fake().use_param_sizes = true;
   fake().param_sizes = {8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 8, 8};  // seed 4 bytes, not i64's 8
   AotRuntime rt(bundle({90}));
@@ -229,14 +231,14 @@ TEST_F(ModuleCacheTest, AParameterSizeThatDisagreesIsRefused) {
   EXPECT_TRUE(fake().launches.empty());
 }
 
-TEST_F(ModuleCacheTest, WithoutParamInfoTheCountIsNotChecked) {
+TEST_F(RuntimeTest, WithoutParamInfoTheCountIsNotChecked) {
   api_.cuFuncGetParamInfo = nullptr;  // drivers before CUDA 12.4
   AotRuntime rt(bundle({90}));
   const LoadedKernel& k = rt.get(kPass2Key, 0);
   EXPECT_EQ(k.params_checked, -1);
 }
 
-TEST_F(ModuleCacheTest, ADeviceOfAnotherArchIsRefused) {
+TEST_F(RuntimeTest, ADeviceOfAnotherArchIsRefused) {
   fake().cc_major = 8;
   fake().cc_minor = 0;
   AotRuntime rt(bundle({90}));
@@ -249,7 +251,7 @@ TEST_F(ModuleCacheTest, ADeviceOfAnotherArchIsRefused) {
   EXPECT_TRUE(fake().launches.empty());
 }
 
-TEST_F(ModuleCacheTest, ANewerMajorIsRefusedAndANewerMinorRunsTheOlderCubin) {
+TEST_F(RuntimeTest, ANewerMajorIsRefusedAndANewerMinorRunsTheOlderCubin) {
   fake().cc_major = 10;
   fake().cc_minor = 0;
   {
@@ -266,7 +268,7 @@ TEST_F(ModuleCacheTest, ANewerMajorIsRefusedAndANewerMinorRunsTheOlderCubin) {
   EXPECT_EQ(rt.get(kPass2Key, 0).meta->arch, 86);
 }
 
-TEST_F(ModuleCacheTest, AnUnknownDeviceOrdinalIsNotFound) {
+TEST_F(RuntimeTest, AnUnknownDeviceOrdinalIsNotFound) {
   fake().device_count = 2;
   AotRuntime rt(bundle({90}));
   expect_error([&] { rt.get(kPass2Key, 5); }, Status::kNotFound,
@@ -277,20 +279,20 @@ TEST_F(ModuleCacheTest, AnUnknownDeviceOrdinalIsNotFound) {
   EXPECT_EQ(info.multiprocessors, 132);
 }
 
-TEST_F(ModuleCacheTest, TooManyThreadsPerBlockIsRefused) {
+TEST_F(RuntimeTest, TooManyThreadsPerBlockIsRefused) {
   fake().max_threads = 128;
   AotRuntime rt(bundle({90}));
   expect_error([&] { rt.get(kPass2Key, 0); }, Status::kBundleError,
                {"field \"num_warps\"", "expected at most 4", "found 8"});
 }
 
-TEST_F(ModuleCacheTest, ClusterLaunchesAreRefused) {
+TEST_F(RuntimeTest, ClusterLaunchesAreRefused) {
   AotRuntime rt(bundle({90}, [](json& e) { e["num_ctas"] = 2; }));
   expect_error([&] { rt.get(kPass2Key, 0); }, Status::kBundleError, {"field \"num_ctas\"", "expected 1", "found 2"});
   EXPECT_EQ(fake().module_loads, 0);
 }
 
-TEST_F(ModuleCacheTest, LaunchErrorsPropagateWithTheSymbolAndTheErrorString) {
+TEST_F(RuntimeTest, LaunchErrorsPropagateWithTheSymbolAndTheErrorString) {
   AotRuntime rt(bundle({90}));
   const LoadedKernel& k = rt.get(kPass2Key, 0);
   fake().launch_result = luminav::CUDA_ERROR_LAUNCH_FAILED;
@@ -301,7 +303,7 @@ TEST_F(ModuleCacheTest, LaunchErrorsPropagateWithTheSymbolAndTheErrorString) {
   EXPECT_TRUE(fake().ctx_stack.empty());  // the context is popped even on failure
 }
 
-TEST_F(ModuleCacheTest, BadLaunchArgumentsAreRefusedBeforeTheDriverSeesThem) {
+TEST_F(RuntimeTest, BadLaunchArgumentsAreRefusedBeforeTheDriverSeesThem) {
   AotRuntime rt(bundle({90}));
   const LoadedKernel& k = rt.get(kPass2Key, 0);
   Args a;
@@ -323,7 +325,7 @@ TEST_F(ModuleCacheTest, BadLaunchArgumentsAreRefusedBeforeTheDriverSeesThem) {
   EXPECT_TRUE(fake().launches.empty());
 }
 
-TEST_F(ModuleCacheTest, MetadataFromAnotherManifestIsRefused) {
+TEST_F(RuntimeTest, MetadataFromAnotherManifestIsRefused) {
   AotRuntime rt(bundle({90}));
   TempDir other;
   write_manifest(other, manifest_with({add_variant(other, kPass2Key, 90)}));
@@ -332,7 +334,7 @@ TEST_F(ModuleCacheTest, MetadataFromAnotherManifestIsRefused) {
                {"not an entry of this runtime's manifest"});
 }
 
-TEST_F(ModuleCacheTest, ConcurrentGetsLoadEachModuleOnce) {
+TEST_F(RuntimeTest, ConcurrentGetsLoadEachModuleOnce) {
   AotRuntime rt(bundle({90}));
   std::vector<const LoadedKernel*> got(8, nullptr);
   std::vector<std::thread> threads;
@@ -345,7 +347,7 @@ TEST_F(ModuleCacheTest, ConcurrentGetsLoadEachModuleOnce) {
   EXPECT_EQ(rt.loaded_count(), 1u);
 }
 
-TEST(ModuleCacheNoDriver, ARuntimeWithoutADriverIsADriverError) {
+TEST(RuntimeNoDriver, ARuntimeWithoutADriverIsADriverError) {
   if (luminav::cuda_driver_available()) GTEST_SKIP() << "this machine has a CUDA driver";
   TempDir dir;
   write_manifest(dir, manifest_with({add_variant(dir, kPass2Key, 90)}));
@@ -356,7 +358,7 @@ TEST(ModuleCacheNoDriver, ARuntimeWithoutADriverIsADriverError) {
 // ---------------------------------------------------------------------------------------------
 // Cubins read on first load.
 
-TEST_F(ModuleCacheTest, ACorruptCubinIsRefusedAtItsFirstLoadBeforeTheDriverSeesIt) {
+TEST_F(RuntimeTest, ACorruptCubinIsRefusedAtItsFirstLoadBeforeTheDriverSeesIt) {
   std::vector<json> entries = {add_variant(dir_, kPass2Key, 90)};
   write_manifest(dir_, manifest_with(entries));
   const std::string cubin = dir_.file(entries[0]["cubin"].get<std::string>());
@@ -375,7 +377,7 @@ TEST_F(ModuleCacheTest, ACorruptCubinIsRefusedAtItsFirstLoadBeforeTheDriverSeesI
   EXPECT_EQ(fake().module_loads, 1);
 }
 
-TEST_F(ModuleCacheTest, ConcurrentFirstLoadsOfACorruptCubinAllRefuseIt) {
+TEST_F(RuntimeTest, ConcurrentFirstLoadsOfACorruptCubinAllRefuseIt) {
   std::vector<json> entries = {add_variant(dir_, kPass2Key, 90)};
   write_manifest(dir_, manifest_with(entries));
   write_bytes(dir_.file(entries[0]["cubin"].get<std::string>()), make_fake_cubin("modified"));
@@ -399,7 +401,7 @@ TEST_F(ModuleCacheTest, ConcurrentFirstLoadsOfACorruptCubinAllRefuseIt) {
 // ---------------------------------------------------------------------------------------------
 // The launch without a vector, and KernelLaunch: the same kernelParams as launch(), bound once.
 
-TEST_F(ModuleCacheTest, ThePointerArrayLaunchPacksAsTheVectorLaunch) {
+TEST_F(RuntimeTest, ThePointerArrayLaunchPacksAsTheVectorLaunch) {
   AotRuntime rt(bundle({90}));
   const LoadedKernel& k = rt.get(kPass2Key, 0);
   Args a;
@@ -413,7 +415,7 @@ TEST_F(ModuleCacheTest, ThePointerArrayLaunchPacksAsTheVectorLaunch) {
                {"expected 13 argument pointers", "got 12"});
 }
 
-TEST_F(ModuleCacheTest, ABoundLaunchPassesItsCopiedValuesAndMakesOneDriverCall) {
+TEST_F(RuntimeTest, ABoundLaunchPassesItsCopiedValuesAndMakesOneDriverCall) {
   AotRuntime rt(bundle({90}));
   const LoadedKernel& k = rt.get(kPass2Key, 0);
   Args a;
@@ -460,7 +462,7 @@ TEST_F(ModuleCacheTest, ABoundLaunchPassesItsCopiedValuesAndMakesOneDriverCall) 
   expect_error([&] { empty.launch(stream); }, Status::kInvalidArgument, {"no kernel is bound"});
 }
 
-TEST_F(ModuleCacheTest, ABoundLaunchIsCheckedOnceAndAnEmptyGridLaunchesNothing) {
+TEST_F(RuntimeTest, ABoundLaunchIsCheckedOnceAndAnEmptyGridLaunchesNothing) {
   AotRuntime rt(bundle({90}));
   const LoadedKernel& k = rt.get(kPass2Key, 0);
   Args a;
@@ -480,7 +482,7 @@ TEST_F(ModuleCacheTest, ABoundLaunchIsCheckedOnceAndAnEmptyGridLaunchesNothing) 
   EXPECT_TRUE(fake().launches.empty());
 }
 
-TEST_F(ModuleCacheTest, ABoundLaunchGetsScratchPerStreamFromTheRuntime) {
+TEST_F(RuntimeTest, ABoundLaunchGetsScratchPerStreamFromTheRuntime) {
   fake().use_param_sizes = true;
   fake().param_sizes = {8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 8, 8};
   {
@@ -513,7 +515,7 @@ TEST_F(ModuleCacheTest, ABoundLaunchGetsScratchPerStreamFromTheRuntime) {
   EXPECT_EQ(fake().freed.size(), 2u);
 }
 
-TEST_F(ModuleCacheTest, AScopedContextPushesOnlyWhenAnotherIsCurrent) {
+TEST_F(RuntimeTest, AScopedContextPushesOnlyWhenAnotherIsCurrent) {
   const luminav::CudaDriverApi& api = api_;
   {
     luminav::ScopedContext s(api, fake_primary_ctx(0));

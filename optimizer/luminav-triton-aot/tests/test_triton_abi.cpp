@@ -1,5 +1,6 @@
-// Triton 3.x kernel ABI: the kernelParams array (user arguments, then 0, 1 or 2 implicit
-// trailing scratch pointers), argument type sizes, and scratch sizing.
+// tests/test_triton_abi.cpp: Triton 3.x's kernel ABI (src/aot/triton_abi.cpp): the kernelParams
+// array (user arguments, then 0, 1 or 2 implicit trailing scratch pointers), argument type
+// sizes, and scratch sizing
 #include <gtest/gtest.h>
 
 #include <cstdint>

@@ -1,5 +1,7 @@
-// The C API (luminav.h) over the engine (luminav/engine.h). Exceptions become status codes in
-// one place, `guarded`; handles are validated through a registry of live tokens.
+// src/c_api.cpp: the C API (luminav.h) over the engine (engine/engine.h)
+//
+// Exceptions become status codes in one place, `guarded`; handles are validated through a
+// registry of live tokens.
 #include "luminav/luminav.h"
 
 #include <cstdio>
@@ -10,10 +12,10 @@
 #include <new>
 #include <string>
 
-#include "luminav/cuda_driver.h"
 #include "engine/engine.h"
-#include "luminav_version.h"
+#include "luminav/cuda_driver.h"
 #include "luminav/error.h"
+#include "luminav_version.h"
 
 namespace {
 

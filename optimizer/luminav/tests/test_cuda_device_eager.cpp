@@ -340,7 +340,7 @@ TEST_F(CudaDeviceTest, ACorruptCubinIsRefusedWhenFirstNeededBeforeAnythingIsEnqu
 }
 
 TEST_F(CudaDeviceTest, ABundleForAnotherTableLayoutIsRefusedBeforeAnythingIsEnqueued) {
-  static_assert(luminav::gpu::kTableCols == 18, "aot_fixtures.h writes table_cols 18");
+  static_assert(luminav::gpu::kTableCols == 18, "fakes/fake_bundle.cpp writes table_cols 18");
   const Hyper h = clip_skip();
   write_bundle({config(h)});
   // A bundle of the first format: its kernels read 12-column tables.

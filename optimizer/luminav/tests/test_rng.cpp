@@ -1,4 +1,5 @@
-// The CPU engine's random streams and storage conversions (docs/tdclm.md).
+// tests/test_rng.cpp: the CPU engine's random streams and storage conversions
+// (src/engine/cpu_kernels.cpp, docs/tdclm.md)
 #include <gtest/gtest.h>
 
 #include <cmath>

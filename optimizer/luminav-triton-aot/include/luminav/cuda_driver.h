@@ -1,4 +1,9 @@
-// luminav: the CUDA driver API, loaded at run time with dlopen("libcuda.so.1").
+// include/luminav/cuda_driver.h: the CUDA driver table, loaded at run time with
+// dlopen("libcuda.so.1") and cuGetProcAddress
+//
+// Public only because examples/cpp and the luminav tools allocate device memory and make
+// contexts with it (no CUDA toolkit needed to build them); a program that only steps an
+// optimizer needs luminav.h / luminav.hpp alone. Everything else of the AOT runtime is in src/.
 //
 // No CUDA toolkit is needed to build luminav: the few driver types used are declared here,
 // layout-compatible with cuda.h (the opaque handle types are the very same struct tags, so a

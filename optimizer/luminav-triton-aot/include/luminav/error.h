@@ -1,5 +1,9 @@
-// luminav: the error type thrown inside the library. The C API converts it to a status code
-// and a thread-local last-error string in one place (src/c_api.cpp).
+// include/luminav/error.h: luminav::Error, the exception thrown inside the library (and by the
+// C++ API, luminav.hpp), with its status
+//
+// The C API converts it to a status code and a thread-local last-error string in one place
+// (luminav/src/c_api.cpp). It lives in luminav-triton-aot, the lower component, which throws it
+// too.
 #pragma once
 
 #include <stdexcept>

@@ -1,5 +1,5 @@
-// The CUDA driver table (dlopen + cuGetProcAddress), the error check, and the Triton kernel
-// parameter packing.
+// src/aot/cuda_driver.cpp: the CUDA driver table (dlopen + cuGetProcAddress, loaded once), its
+// injectable override, and the error check
 #include "luminav/cuda_driver.h"
 
 #include <dlfcn.h>

@@ -1,6 +1,6 @@
-// The AOT bundle manifest (format "luminamoon-aot-bundle", format_version 1 and 2): parsing,
-// validation, cubin verification (on first use, or all at once), and variant lookup by
-// (key, device arch).
+// src/aot/manifest.cpp: reads and checks a bundle's manifest (format "luminamoon-aot-bundle",
+// format_version 1 and 2) and its cubins' ELF structure and SHA-256 (on first use, or all at
+// once), and finds a variant by (key, device arch)
 #include <openssl/evp.h>
 
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-/* luminav: the C API of the LuminaMoon native engine.
+/* include/luminav/luminav.h: the C API of the LuminaMoon native engine
  *
  * A TDCLM optimizer (docs/tdclm.md) over tensors the caller owns, described by raw pointers,
  * dtypes and element counts, stepped on CPU threads or on a CUDA device through an AOT bundle.

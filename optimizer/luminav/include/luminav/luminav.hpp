@@ -1,5 +1,6 @@
-// luminav: the C++ API, a header-only RAII layer over the C API (luminav.h) that throws
-// luminav::Error (luminav/error.h) carrying the C status and lv_last_error().
+// include/luminav/luminav.hpp: the C++ API, a header-only RAII layer over the C API (luminav.h)
+//
+// It throws luminav::Error (luminav/error.h) carrying the C status and lv_last_error().
 //
 //   luminav::Optimizer opt(luminav::OptimizerOptions{}.threads(4).with_seed(7));
 //   auto g = opt.add_group(luminav::Hyperparams{}.with_lr(1e-2).with_clip(4.0));

@@ -1,5 +1,8 @@
-// The CPU engine: TDCLM's passes (docs/tdclm.md) over a launch group, with the per-element
-// operations of docs/internals.md in the same order as the reference and the kernels.
+// src/engine/cpu_kernels.cpp: the CPU engine's passes over a launch group, its random streams and
+// storage conversions
+//
+// TDCLM's passes (docs/tdclm.md) over a launch group, with the per-element operations of
+// docs/internals.md in the same order as the reference and the kernels.
 //
 // Layout: a group's elements are cut into work items of kChunk elements (a tensor's last item
 // may be shorter); items are split over threads in contiguous ranges. Each item is processed in

@@ -1,4 +1,5 @@
-// The engine on a CUDA device: the AOT bundle's kernels launched on the caller's stream.
+// src/engine/cuda_device.cpp: the engine's CUDA device: the AOT bundle's kernels launched on the
+// caller's stream, eagerly or replayed as a CUDA graph
 //
 // Per launch group, built before the first step after the group's rows change (cuMemAlloc +
 // cuMemcpyHtoD): the table, the block map, partial sums/flags, stats, the group's lr as a
@@ -45,9 +46,9 @@
 #include <string>
 #include <vector>
 
+#include "aot/runtime.h"
 #include "engine/device.h"
 #include "engine/group_launch.h"
-#include "aot/runtime.h"
 #include "luminav/cuda_driver.h"
 
 namespace luminav {

@@ -1,4 +1,4 @@
-// A fixed pool of worker threads for the CPU engine.
+// src/engine/thread_pool.cpp: the CPU engine's fixed pool of worker threads
 #include <algorithm>
 #include <condition_variable>
 #include <exception>
