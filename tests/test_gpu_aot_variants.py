@@ -90,10 +90,12 @@ class Config:
 
     def engine_keys(self) -> Dict[str, str]:
         """The variant keys the C++ engine (the aot backend) launches for this configuration."""
-        return dict(_luminav.variant_keys(
-            DTYPE_CODES[self.param_dtype], DTYPE_CODES[self.grad_dtype],
-            DTYPE_CODES[self.state_dtype], float(self.clip), BOUND_MODES[self.bound_mode],
-            NONFINITE_POLICIES.index(self.nonfinite), self.stochastic_rounding))
+        return dict(_luminav.variant_keys(_luminav.GroupConfig(
+            param_dtype=DTYPE_CODES[self.param_dtype], grad_dtype=DTYPE_CODES[self.grad_dtype],
+            state_dtype=DTYPE_CODES[self.state_dtype], beta1=0.9, beta2=0.999, eps=1e-8,
+            weight_decay=0.0, clip=float(self.clip), bound_mode=BOUND_MODES[self.bound_mode],
+            bound=1.0, maximize=False, nonfinite=NONFINITE_POLICIES.index(self.nonfinite),
+            stochastic_rounding=self.stochastic_rounding, seed=0)))
 
 
 def config_for(v: catalog.Variant) -> Config:

@@ -178,11 +178,12 @@ def test_checkpoint_resume_is_bitwise():
 def test_bad_input_is_refused_with_the_value():
     with pytest.raises(ValueError, match="num_threads must be >= 0"):
         CpuBackend(num_threads=-1)
+    config = dict(param_dtype=0, grad_dtype=0, state_dtype=0, beta1=0.9, beta2=0.9, eps=1e-8,
+                  weight_decay=0.0, clip=0.0, bound_mode=0, bound=1.0, maximize=False,
+                  nonfinite=0, stochastic_rounding=False, seed=0)
     with pytest.raises(ValueError, match="beta1 must be in \\[0, 1\\), got 1.5"):
-        _luminav.CpuGroup(param_dtype=0, grad_dtype=0, state_dtype=0, beta1=1.5, beta2=0.9,
-                          eps=1e-8, weight_decay=0.0, clip=0.0, bound_mode=0, bound=1.0,
-                          maximize=False, nonfinite=0, stochastic_rounding=False, seed=0, rows=[])
+        _luminav.GroupConfig(**dict(config, beta1=1.5))
     with pytest.raises(ValueError, match="param_dtype must be a dtype code"):
-        _luminav.CpuGroup(param_dtype=5, grad_dtype=0, state_dtype=0, beta1=0.9, beta2=0.9,
-                          eps=1e-8, weight_decay=0.0, clip=0.0, bound_mode=0, bound=1.0,
-                          maximize=False, nonfinite=0, stochastic_rounding=False, seed=0, rows=[])
+        _luminav.GroupConfig(**dict(config, param_dtype=5))
+    with pytest.raises(ValueError, match="lr must be finite in float32"):
+        _luminav.CpuGroup(_luminav.GroupConfig(**config), []).pass2(1e39, 0, 0)

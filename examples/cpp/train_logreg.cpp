@@ -1,4 +1,5 @@
-// Logistic regression on synthetic data, trained with the LuminaMoon engine from plain C++.
+// examples/cpp/train_logreg.cpp: logistic regression on synthetic data, trained with the
+// LuminaMoon engine from plain C++ (the C++ API, luminav.hpp)
 //
 // The program computes its own gradients, checkpoints mid-run (parameters + optimizer state to a
 // file), finishes the run, then resumes a fresh optimizer from the checkpoint and checks that the

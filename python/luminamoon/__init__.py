@@ -5,6 +5,23 @@ compilation, no kernel loading.
 """
 from .optimizer import LuminaMoon, tdclm
 
-__version__ = "0.1.0"
+
+def _read_version() -> str:
+    """The installed distribution's version; in a source checkout that is not installed, the
+    repository's VERSION file (the one both builds read)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("luminamoon")
+    except metadata.PackageNotFoundError:
+        import os
+        import re
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "VERSION")
+        with open(path, encoding="utf-8") as f:
+            return re.match(r"\s*([0-9]+\.[0-9]+\.[0-9]+)", f.read()).group(1)
+
+
+__version__ = _read_version()
 
 __all__ = ["LuminaMoon", "tdclm", "__version__"]

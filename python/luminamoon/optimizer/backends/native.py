@@ -9,7 +9,7 @@ and nothing else happens: no device probing, no bundle loading (that waits for t
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -37,14 +37,17 @@ def _dtype_codes(group: LaunchGroup) -> Tuple[int, int, int]:
             DTYPE_CODES[group.state_dtype])
 
 
-def _hyper_args(group: LaunchGroup) -> Dict[str, Any]:
+def _group_config(group: LaunchGroup):
+    """The group's constants as the native engine takes them: one ``_luminav.GroupConfig`` (lr
+    excluded), validated there; built once per native launch group."""
     h = group.hyper
     p, g, s = _dtype_codes(group)
-    return dict(param_dtype=p, grad_dtype=g, state_dtype=s, beta1=float(h.beta1),
-                beta2=float(h.beta2), eps=float(h.eps), weight_decay=float(h.weight_decay),
-                clip=float(h.clip), bound_mode=int(h.bound_mode), bound=float(h.bound),
-                maximize=bool(h.maximize), nonfinite=NONFINITE_CODES[h.nonfinite],
-                stochastic_rounding=bool(h.stochastic_rounding), seed=int(group.seed))
+    return _luminav.GroupConfig(
+        param_dtype=p, grad_dtype=g, state_dtype=s, beta1=float(h.beta1), beta2=float(h.beta2),
+        eps=float(h.eps), weight_decay=float(h.weight_decay), clip=float(h.clip),
+        bound_mode=int(h.bound_mode), bound=float(h.bound), maximize=bool(h.maximize),
+        nonfinite=NONFINITE_CODES[h.nonfinite], stochastic_rounding=bool(h.stochastic_rounding),
+        seed=int(group.seed))
 
 
 def _rows(group: LaunchGroup) -> List[tuple]:
@@ -98,7 +101,7 @@ class CpuBackend(Backend):
         if cached is not None and cached[0] == key:
             return cached[1]
         check_group_tensors(group, "cpu")
-        native = _luminav.CpuGroup(rows=rows, num_threads=self.num_threads, **_hyper_args(group))
+        native = _luminav.CpuGroup(_group_config(group), rows, self.num_threads)
         group.cache[_CPU_CACHE] = (key, native)
         return native
 
@@ -133,7 +136,9 @@ def _check_flag(found_inf: torch.Tensor, backend: str) -> None:
 
 
 class _AotState:
-    """Device tables and buffers of one launch group (docs/internals.md), built once per table."""
+    """Device tables and buffers of one launch group (docs/internals.md), built once per table,
+    and its kernels (``_luminav.AotGroup``), bound to them at the first launch: the flag tensor
+    is known then. Later launches rebind only the flag and lr addresses, where they moved."""
 
     def __init__(self, backend: "AotBackend", group: LaunchGroup, rows: List[tuple]):
         device = group.device
@@ -151,10 +156,35 @@ class _AotState:
         self.stats = torch.zeros(max(len(rows), 1), dtype=torch.float32, device=device)
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         self.lr_value: Optional[float] = None
-        self.kernels = _luminav.AotGroup(bundle_dir=backend.bundle_dir,
-                                         device=device.index if device.index is not None
+        self.ntensors = len(rows)
+        self.kernels = _luminav.AotGroup(backend.bundle_dir,
+                                         device.index if device.index is not None
                                          else torch.cuda.current_device(),
-                                         **_hyper_args(group))
+                                         _group_config(group))
+        self.flag_ptr = 0  # the found_inf address the launches are bound to; 0: not bound yet
+        self.lr_bound = 0  # the lr address pass 2 is bound to
+
+    def launches(self, found_inf: torch.Tensor):
+        """The group's kernels with ``found_inf`` as the flag every launch reads or raises."""
+        flag = found_inf.data_ptr()
+        if flag != self.flag_ptr:
+            if self.flag_ptr == 0:
+                self.kernels.bind(self.table.data_ptr(), self.block_map.data_ptr(), self.nblocks,
+                                  self.partial_sum.data_ptr(), self.partial_bad.data_ptr(),
+                                  self.stats.data_ptr(), self.lr.data_ptr(), self.ntensors,
+                                  flag, flag)
+                self.lr_bound = self.lr.data_ptr()
+            else:
+                self.kernels.set_flags(flag, flag)
+            self.flag_ptr = flag
+        return self.kernels
+
+    def bind_lr(self, lr) -> None:
+        """Points pass 2 at the step's lr (lr_ptr), rebinding only when the address moved."""
+        ptr = self.lr_ptr(lr)
+        if ptr != self.lr_bound:
+            self.kernels.set_lr(ptr)
+            self.lr_bound = ptr
 
     def set_grad_ptrs(self, grad_ptrs: tuple) -> None:
         """Rewrites the table's GRAD column (asynchronously, from pinned memory)."""
@@ -239,10 +269,9 @@ class AotBackend(Backend):
     def pass1(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
         st = self._state(group, fresh_step=True)
         stream = self._stream(group)
-        st.kernels.pass1(st.table.data_ptr(), st.block_map.data_ptr(), st.nblocks,
-                         st.partial_sum.data_ptr(), st.partial_bad.data_ptr(), stream)
-        st.kernels.reduce(st.table.data_ptr(), st.partial_sum.data_ptr(), st.partial_bad.data_ptr(),
-                          st.stats.data_ptr(), found_inf.data_ptr(), len(group), stream)
+        kernels = st.launches(found_inf)
+        kernels.pass1(stream)
+        kernels.reduce(stream)
         group.stats = st.stats[:len(group)]
 
     def pass2(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
@@ -252,11 +281,11 @@ class AotBackend(Backend):
             raise RuntimeError("pass2 with clip > 0 needs the statistics of pass1; run pass1 first")
         if stats is not None and stats.data_ptr() != st.stats.data_ptr():
             st.stats[:len(group)].copy_(stats)  # statistics all-reduced elsewhere (sharding)
-        st.kernels.update(st.table.data_ptr(), st.block_map.data_ptr(), st.nblocks,
-                          st.stats.data_ptr(), found_inf.data_ptr(), st.lr_ptr(group.lr),
-                          self._stream(group))
+        kernels = st.launches(found_inf)
+        st.bind_lr(group.lr)
+        kernels.update(self._stream(group))
 
     def commit(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
         st = self._state(group)
-        st.kernels.commit(st.table.data_ptr(), found_inf.data_ptr(), len(group), self._stream(group))
+        st.launches(found_inf).commit(self._stream(group))
         st.grads_checked = False  # the next step looks at its gradients again

@@ -1,0 +1,152 @@
+// src/aot/manifest.h: a bundle's manifest.json, its kernel variants and their cubins (read and
+// checked on first use), found by variant key and device arch
+//
+// A bundle is a folder: manifest.json + one .cubin per compiled kernel variant and arch (the
+// format is described in docs/bundle-format.md; the Python builder luminamoon.aot writes it).
+// The runtime that loads and launches the cubins is aot/runtime.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "aot/triton_abi.h"
+
+namespace luminav {
+
+constexpr const char* kAotBundleFormat = "luminamoon-aot-bundle";
+constexpr int kAotBundleFormatVersion = 2;  // the newest format_version this loader reads
+// Columns of the device tables the kernels of a format_version 1 bundle read (version 2
+// manifests say it in "table_cols").
+constexpr int kAotBundleV1TableCols = 12;
+
+// SHA-256 (OpenSSL EVP) as 64 lowercase hex digits.
+std::string sha256_hex(const void* data, std::size_t size);
+
+// One compiled kernel variant for one arch: an entry of manifest.json, and its cubin (read and
+// verified on first use).
+struct KernelMetadata {
+  std::string key;     // variant key, arch-independent (docs/internals.md)
+  std::string kernel;  // pass1 | reduce | pass2 | single_pass | commit
+  std::string name;    // the Triton function's name
+  std::string entry;   // the .entry symbol in the cubin
+  std::string cubin;   // file name relative to the bundle folder
+  std::string sha256;  // of the cubin, 64 lowercase hex digits
+  std::string backend = "cuda";
+  int arch = 0;        // e.g. 90 for sm_90, 100 for sm_100
+  int warp_size = 32;
+  std::string triton_version;
+  int num_warps = 0;
+  int num_ctas = 1;
+  int num_stages = 0;
+  std::int64_t shared_mem = 0;  // bytes of dynamic shared memory
+  std::vector<std::string> arg_names;
+  std::vector<std::string> signature;
+  std::vector<ArgType> arg_types;  // parsed from signature, same order
+  std::map<std::string, std::int64_t> constexprs;  // ints and bools (as 0/1)
+  int num_params = 0;  // .param entries of the .entry = signature.size() + trailing
+  int num_trailing_scratch_ptrs = 0;
+  std::int64_t global_scratch_size = 0;
+  std::int64_t global_scratch_align = 1;
+  std::int64_t profile_scratch_size = 0;
+  std::int64_t profile_scratch_align = 1;
+
+  std::string cubin_path;         // absolute or as given: bundle dir / cubin
+  std::uint64_t cubin_bytes = 0;  // the cubin file's size when the manifest was loaded
+
+  // The cubin's bytes, read and checked on the first call: a whole 64-bit little-endian ELF
+  // image for EM_CUDA (every section, the section and program header tables inside the file)
+  // whose SHA-256 is `sha256`. Later calls return the same bytes without reading the file again.
+  // Thread-safe. Throws Error(kBundleError) naming the manifest, the entry, the cubin file,
+  // expected and found (unreadable, empty, truncated, not ELF, another machine, a hash
+  // mismatch) and the fix; a failed check is not remembered, so a later call reads the file
+  // again. The reference stays valid as long as this metadata (or a copy of it) lives.
+  const std::vector<unsigned char>& image() const;
+  // True once image() has read and verified the cubin.
+  bool image_verified() const noexcept;
+
+  int arch_major() const { return arch / 10; }
+  int arch_minor() const { return arch % 10; }
+  // True when a device of compute capability major.minor can run this cubin: same major, and
+  // a minor at least the cubin's.
+  bool runs_on(int device_major, int device_minor) const {
+    return device_major == arch_major() && device_minor >= arch_minor();
+  }
+  int block_threads() const { return num_warps * warp_size; }
+  // Bytes of global (or profile) scratch a launch of this grid needs: grid_x·grid_y·grid_z·
+  // num_ctas·size; 0 when the size is 0. Throws Error(kInvalidArgument) on overflow.
+  std::size_t global_scratch_bytes(unsigned grid_x, unsigned grid_y, unsigned grid_z) const;
+  std::size_t profile_scratch_bytes(unsigned grid_x, unsigned grid_y, unsigned grid_z) const;
+
+ private:
+  friend class AotManifest;
+  struct Cubin;                  // the lazily read image, shared by copies of this metadata
+  std::shared_ptr<Cubin> cubin_state_;
+};
+
+// When AotManifest::load reads and checks the cubins a manifest names.
+enum class CubinCheck {
+  kOnFirstUse,  // when each kernel is first loaded (KernelMetadata::image): a step reads only the
+                // few cubins it runs, not the whole bundle
+  kNow,         // every cubin at load, as `luminav verify` does
+};
+
+// A bundle's manifest. Loading refuses, with Error(kBundleError) naming file, field, expected
+// and found: a missing/unknown format, a format_version newer than kAotBundleFormatVersion (or
+// missing), a missing or mistyped field, an unknown type word, negative sizes, a bad alignment,
+// num_params != len(signature) + num_trailing_scratch_ptrs, a trailing count outside 0..2, a
+// scratch size without its trailing pointer, a duplicate (key, arch), a cubin file that is
+// missing or empty. A cubin's content (ELF structure, sha256) is checked when it is first read
+// (KernelMetadata::image: by AotRuntime before the kernel's first launch, or by verify_cubins),
+// or at load with CubinCheck::kNow; either way a bad cubin is refused with the same message
+// before it reaches the driver.
+class AotManifest {
+ public:
+  AotManifest() = default;
+  // Reads <dir>/manifest.json; each cubin it names must exist and be non-empty (one stat each).
+  // With CubinCheck::kNow every cubin is also read and verified (verify_cubins).
+  static AotManifest load(const std::string& dir, CubinCheck cubins = CubinCheck::kOnFirstUse);
+  // Parses manifest text; cubin files are found relative to `dir`. `manifest_path` only names
+  // the file in messages.
+  static AotManifest parse(const std::string& json_text, const std::string& dir, const std::string& manifest_path,
+                           CubinCheck cubins = CubinCheck::kOnFirstUse);
+
+  // Reads and verifies every cubin (KernelMetadata::image), in manifest order; throws the first
+  // refusal. Cubins already verified are not read again.
+  void verify_cubins() const;
+
+  const std::string& dir() const { return dir_; }
+  const std::string& manifest_path() const { return manifest_path_; }
+  int format_version() const { return format_version_; }
+  // Columns of the int64 device table the bundle's kernels read (docs/internals.md).
+  int table_cols() const { return table_cols_; }
+  const std::string& created_by() const { return created_by_; }
+  const std::string& triton_version() const { return triton_version_; }
+  const std::vector<KernelMetadata>& kernels() const { return kernels_; }
+  bool empty() const { return kernels_.empty(); }
+
+  // The variant of `key` for a device of compute capability arch_major.arch_minor: the entry of
+  // the same major with the highest minor <= arch_minor. Null when none.
+  const KernelMetadata* find(const std::string& key, int arch_major, int arch_minor) const noexcept;
+  // As find, but throws Error(kNotFound) listing the archs the bundle has for the key (or that
+  // it has no such key) and the fix: `luminamoon aot build --arch <major><minor>`.
+  const KernelMetadata& require(const std::string& key, int arch_major, int arch_minor) const;
+  // The archs (e.g. 80, 90) the bundle has for `key`, ascending.
+  std::vector<int> archs_for(const std::string& key) const;
+  // Every distinct variant key, sorted.
+  std::vector<std::string> keys() const;
+
+ private:
+  std::string dir_;
+  std::string manifest_path_;
+  int format_version_ = 0;
+  int table_cols_ = 0;
+  std::string created_by_;
+  std::string triton_version_;
+  std::vector<KernelMetadata> kernels_;
+};
+
+}  // namespace luminav

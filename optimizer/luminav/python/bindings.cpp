@@ -1,0 +1,232 @@
+// python/bindings.cpp: the nanobind module luminamoon._luminav: the launch groups of the "cpu" and
+// "aot" backends, manifest inspection, the random streams, and the constants Python checks
+// against C++ (tests/test_contract.py)
+//
+// Only nb::class_ and m.def here; what they wrap is in src/ (engine/group.h for the groups).
+// Tensor addresses (data_ptr()) and CUDA streams come in as ints; nothing here touches torch.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "aot/manifest.h"
+#include "engine/cpu_kernels.h"
+#include "engine/engine.h"
+#include "engine/group.h"
+#include "engine/group_launch.h"
+#include "luminav/cuda_driver.h"
+#include "luminav/error.h"
+#include "luminav/luminav.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+using luminav::AotGroup;
+using luminav::CpuGroup;
+using luminav::GroupConfig;
+using luminav::RowTuple;
+
+namespace {
+
+luminav::CUstream stream_of(std::uintptr_t stream) { return reinterpret_cast<luminav::CUstream>(stream); }
+
+nb::dict kernel_dict(const luminav::KernelMetadata& k) {
+  nb::dict d;
+  d["key"] = k.key;
+  d["kernel"] = k.kernel;
+  d["name"] = k.name;
+  d["entry"] = k.entry;
+  d["cubin"] = k.cubin;
+  d["sha256"] = k.sha256;
+  d["arch"] = k.arch;
+  d["warp_size"] = k.warp_size;
+  d["triton_version"] = k.triton_version;
+  d["num_warps"] = k.num_warps;
+  d["num_ctas"] = k.num_ctas;
+  d["shared_mem"] = k.shared_mem;
+  d["arg_names"] = k.arg_names;
+  d["signature"] = k.signature;
+  d["constexprs"] = k.constexprs;
+  d["num_params"] = k.num_params;
+  d["num_trailing_scratch_ptrs"] = k.num_trailing_scratch_ptrs;
+  d["global_scratch_size"] = k.global_scratch_size;
+  d["profile_scratch_size"] = k.profile_scratch_size;
+  return d;
+}
+
+}  // namespace
+
+NB_MODULE(_luminav, m) {
+  m.doc() = "LuminaMoon native engine (luminav): CPU passes, AOT kernel launches, manifest inspection";
+  m.attr("__version__") = lv_version_string();
+  m.attr("API_VERSION") = LV_API_VERSION;
+  m.attr("CPU_CHUNK") = luminav::cpu::kChunk;
+
+  // luminav::Error -> Python: ValueError for user errors, FloatingPointError for 'raise',
+  // LookupError for what is not found, RuntimeError for the rest; the message is the library's.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const luminav::Error& e) {
+      switch (e.status()) {
+        case luminav::Status::kInvalidArgument: PyErr_SetString(PyExc_ValueError, e.what()); break;
+        case luminav::Status::kNonFinite: PyErr_SetString(PyExc_FloatingPointError, e.what()); break;
+        case luminav::Status::kNotFound: PyErr_SetString(PyExc_LookupError, e.what()); break;
+        default: PyErr_SetString(PyExc_RuntimeError, e.what()); break;
+      }
+    }
+  });
+
+  m.def("api_version", &lv_api_version, "The C API version of the compiled library.");
+  m.def("has_cuda_driver", [] { return luminav::cuda_driver_available(); },
+        "True when libcuda.so.1 loads (the aot backend and the engine's CUDA path need it).");
+
+  m.def("load_manifest", [](const std::string& dir) {
+    const luminav::AotManifest man = luminav::AotManifest::load(dir, luminav::CubinCheck::kNow);
+    nb::dict d;
+    d["dir"] = man.dir();
+    d["format_version"] = man.format_version();
+    d["table_cols"] = man.table_cols();
+    d["created_by"] = man.created_by();
+    d["triton_version"] = man.triton_version();
+    nb::list kernels;
+    for (const auto& k : man.kernels()) kernels.append(kernel_dict(k));
+    d["kernels"] = kernels;
+    return d;
+  }, "dir"_a, "Loads and verifies <dir>/manifest.json and its cubins; returns its content as a dict.");
+
+  // Random streams, for cross-checking against luminamoon.optimizer.rng.
+  m.def("splitmix64", &luminav::cpu::splitmix64, "z"_a);
+  m.def("stream_key", &luminav::cpu::stream_key, "seed"_a, "t"_a, "k"_a,
+        "seed_tk = splitmix64(splitmix64(seed + t) + k)");
+  m.def("philox4x32_10", [](std::uint32_t k0, std::uint32_t k1, std::uint32_t c0, std::uint32_t c1, std::uint32_t c2,
+                            std::uint32_t c3) {
+    const std::uint32_t ctr[4] = {c0, c1, c2, c3};
+    std::uint32_t out[4];
+    luminav::cpu::philox4x32_10(k0, k1, ctr, out);
+    return std::make_tuple(out[0], out[1], out[2], out[3]);
+  }, "key0"_a, "key1"_a, "c0"_a, "c1"_a, "c2"_a, "c3"_a);
+  m.def("random_words", [](std::uintptr_t out, std::uint64_t key, std::int64_t first, std::int64_t count,
+                           std::uint32_t stream) {
+    if (count < 0) throw luminav::Error(luminav::Status::kInvalidArgument, "count must be >= 0, got " + std::to_string(count));
+    if (count > 0 && !out) throw luminav::Error(luminav::Status::kInvalidArgument, "out address is 0");
+    nb::gil_scoped_release release;
+    luminav::cpu::random_words(key, first, count, stream, reinterpret_cast<std::uint32_t*>(out));
+  }, "out"_a, "key"_a, "first"_a, "count"_a, "stream"_a,
+     "Writes R(i, stream) for i in [first, first + count) into `count` uint32 words at address `out`.");
+
+  nb::class_<GroupConfig>(m, "GroupConfig",
+                          "A launch group's constants (lr excluded): dtype codes, hyperparameters, seed. Validated "
+                          "on construction; read-only.")
+      .def("__init__", [](GroupConfig* self, int param_dtype, int grad_dtype, int state_dtype, double beta1,
+                          double beta2, double eps, double weight_decay, double clip, int bound_mode, double bound,
+                          bool maximize, int nonfinite, bool stochastic_rounding, std::uint64_t seed) {
+             new (self) GroupConfig(luminav::make_config(param_dtype, grad_dtype, state_dtype, beta1, beta2, eps,
+                                                         weight_decay, clip, bound_mode, bound, maximize, nonfinite,
+                                                         stochastic_rounding, seed));
+           },
+           nb::kw_only(), "param_dtype"_a, "grad_dtype"_a, "state_dtype"_a, "beta1"_a, "beta2"_a, "eps"_a,
+           "weight_decay"_a, "clip"_a, "bound_mode"_a, "bound"_a, "maximize"_a, "nonfinite"_a,
+           "stochastic_rounding"_a, "seed"_a)
+      .def_prop_ro("param_dtype", [](const GroupConfig& c) { return static_cast<int>(c.param_dtype); })
+      .def_prop_ro("grad_dtype", [](const GroupConfig& c) { return static_cast<int>(c.grad_dtype); })
+      .def_prop_ro("state_dtype", [](const GroupConfig& c) { return static_cast<int>(c.state_dtype); })
+      .def_prop_ro("beta1", [](const GroupConfig& c) { return c.hyper.beta1; })
+      .def_prop_ro("beta2", [](const GroupConfig& c) { return c.hyper.beta2; })
+      .def_prop_ro("eps", [](const GroupConfig& c) { return c.hyper.eps; })
+      .def_prop_ro("weight_decay", [](const GroupConfig& c) { return c.hyper.weight_decay; })
+      .def_prop_ro("clip", [](const GroupConfig& c) { return c.hyper.clip; })
+      .def_prop_ro("bound_mode", [](const GroupConfig& c) { return static_cast<int>(c.hyper.bound_mode); })
+      .def_prop_ro("bound", [](const GroupConfig& c) { return c.hyper.bound; })
+      .def_prop_ro("maximize", [](const GroupConfig& c) { return c.hyper.maximize; })
+      .def_prop_ro("nonfinite", [](const GroupConfig& c) { return static_cast<int>(c.hyper.nonfinite); })
+      .def_prop_ro("stochastic_rounding", [](const GroupConfig& c) { return c.hyper.stochastic_rounding; })
+      .def_prop_ro("seed", [](const GroupConfig& c) { return c.seed; });
+
+  nb::class_<CpuGroup>(m, "CpuGroup", "A launch group of the cpu backend (docs/internals.md, run on CPU threads).")
+      .def(nb::init<const GroupConfig&, const std::vector<RowTuple>&, int>(), "config"_a, "rows"_a,
+           "num_threads"_a = 0)
+      .def("pass1", &CpuGroup::pass1, "stats"_a, "found_inf"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("pass2", &CpuGroup::pass2, "lr"_a, "stats"_a, "found_inf"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("commit", &CpuGroup::commit, "found_inf"_a)
+      .def("first_nonfinite", &CpuGroup::first_nonfinite, nb::call_guard<nb::gil_scoped_release>())
+      .def("__len__", &CpuGroup::size)
+      .def_prop_ro("num_threads", &CpuGroup::num_threads);
+
+  m.def("variant_keys", [](const GroupConfig& config) {
+    const luminav::gpu::VariantKeys k = luminav::gpu::variant_keys(config);
+    nb::dict d;
+    if (!k.pass1.empty()) d["pass1"] = k.pass1;
+    if (!k.reduce.empty()) d["reduce"] = k.reduce;
+    if (!k.pass2.empty()) d["pass2"] = k.pass2;
+    if (!k.single_pass.empty()) d["single_pass"] = k.single_pass;
+    d["commit"] = k.commit;
+    return d;
+  }, "config"_a, "The AOT variant keys the engine launches for one launch group.");
+
+  m.def("build_tables", [](const std::vector<RowTuple>& rows) {
+    const std::vector<luminav::TensorRow> r = luminav::make_rows(rows, false);
+    luminav::gpu::HostTables t = luminav::gpu::build_tables(r.data(), r.size());
+    return std::make_tuple(std::move(t.table), std::move(t.block_map), t.nblocks);
+  }, "rows"_a,
+        "(table, block_map, nblocks) as C++ writes them (build_tables) for rows of (param, grad, exp_avg, "
+        "exp_avg_sq, p_init, step, numel, elem_offset, param_index, global_numel): table is ntensors x TABLE_COLS "
+        "int64 values, row by row.");
+
+  // The contract constants, each read from its one C++ owner (tests/test_contract.py compares
+  // them with Python's): the table layout, the pointer alignment, the launch shapes, the codes.
+  namespace gpu = luminav::gpu;
+  m.attr("TABLE_COLS") = gpu::kTableCols;
+  m.attr("GPU_TABLE_COLS") = gpu::kTableCols;
+  m.attr("COL_PARAM") = gpu::kColParam;
+  m.attr("COL_GRAD") = gpu::kColGrad;
+  m.attr("COL_EXP_AVG") = gpu::kColExpAvg;
+  m.attr("COL_EXP_AVG_SQ") = gpu::kColExpAvgSq;
+  m.attr("COL_P_INIT") = gpu::kColPInit;
+  m.attr("COL_STEP") = gpu::kColStep;
+  m.attr("COL_NUMEL") = gpu::kColNumel;
+  m.attr("COL_BLOCK_START") = gpu::kColBlockStart;
+  m.attr("COL_ELEM_OFFSET") = gpu::kColElemOffset;
+  m.attr("COL_PARAM_INDEX") = gpu::kColParamIndex;
+  m.attr("COL_GLOBAL_NUMEL") = gpu::kColGlobalNumel;
+  m.attr("COL_CACHE") = gpu::kColCache;
+  m.attr("ALIGN_BYTES") = gpu::kAlignBytes;
+  m.attr("GPU_BLOCK") = gpu::kBlock;
+  m.attr("GPU_BLOCK_WARPS") = gpu::kBlockWarps;
+  m.attr("REDUCE_RBLOCK") = gpu::kReduceRBlock;
+  m.attr("REDUCE_WARPS") = gpu::kReduceWarps;
+  m.attr("COMMIT_TBLOCK") = gpu::kCommitTBlock;
+  m.attr("COMMIT_WARPS") = gpu::kCommitWarps;
+  nb::dict dtype_codes, bound_modes, nonfinite_codes;
+  for (luminav::DType d : luminav::kDTypes) dtype_codes[luminav::dtype_name(d)] = static_cast<int>(d);
+  for (luminav::BoundMode b : luminav::kBoundModes) bound_modes[luminav::bound_mode_name(b)] = static_cast<int>(b);
+  for (luminav::NonFinite n : luminav::kNonFinites) nonfinite_codes[luminav::nonfinite_name(n)] = static_cast<int>(n);
+  m.attr("DTYPE_CODES") = dtype_codes;
+  m.attr("BOUND_MODES") = bound_modes;
+  m.attr("NONFINITE_CODES") = nonfinite_codes;
+
+  nb::class_<AotGroup>(m, "AotGroup",
+                       "A launch group's AOT kernels loaded on one CUDA device, launched on the engine's bound "
+                       "path: bind() the buffers once per layout, then each launch takes only the stream.")
+      .def(nb::init<const std::string&, int, const GroupConfig&>(), "bundle_dir"_a, "device"_a, "config"_a)
+      .def("bind", &AotGroup::bind, "table"_a, "block_map"_a, "nblocks"_a, "partial_sum"_a, "partial_bad"_a, "stats"_a,
+           "lr"_a, "ntensors"_a, "found_inf"_a, "reduce_flag"_a,
+           "Binds every launch to these device buffers (addresses as ints); replaces an earlier binding.")
+      .def("set_flags", &AotGroup::set_flags, "found_inf"_a, "reduce_flag"_a)
+      .def("set_lr", &AotGroup::set_lr, "lr"_a)
+      .def("pass1", [](AotGroup& g, std::uintptr_t s) { g.pass1(stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("reduce", [](AotGroup& g, std::uintptr_t s) { g.reduce(stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("update", [](AotGroup& g, std::uintptr_t s) { g.update(stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("commit", [](AotGroup& g, std::uintptr_t s) { g.commit(stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>());
+}

@@ -1,0 +1,198 @@
+// src/engine/group.cpp: the launch groups of Python's "cpu" and "aot" backends (see group.h)
+#include "engine/group.h"
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "engine/cpu_kernels.h"
+#include "luminav/error.h"
+
+namespace luminav {
+
+namespace {
+
+template <class T>
+T* ptr(std::uintptr_t a) {
+  return reinterpret_cast<T*>(a);
+}
+
+[[noreturn]] void invalid(const std::string& msg) { throw Error(Status::kInvalidArgument, msg); }
+
+}  // namespace
+
+GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, double beta1, double beta2, double eps,
+                        double weight_decay, double clip, int bound_mode, double bound, bool maximize, int nonfinite,
+                        bool stochastic_rounding, std::uint64_t seed) {
+  GroupConfig cfg;
+  cfg.param_dtype = dtype_from_int(param_dtype, "param_dtype");
+  cfg.grad_dtype = dtype_from_int(grad_dtype, "grad_dtype");
+  cfg.state_dtype = dtype_from_int(state_dtype, "state_dtype");
+  Hyper& h = cfg.hyper;
+  h.lr = 0.0;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.clip = clip;
+  h.bound_mode = bound_mode_from_int(bound_mode);
+  h.bound = bound;
+  h.maximize = maximize;
+  h.nonfinite = nonfinite_from_int(nonfinite);
+  h.stochastic_rounding = stochastic_rounding;
+  h.state_dtype = cfg.state_dtype;
+  validate_hyper(h);
+  cfg.seed = seed;
+  return cfg;
+}
+
+std::vector<TensorRow> make_rows(const std::vector<RowTuple>& rows, bool bounded) {
+  std::vector<TensorRow> out;
+  out.reserve(rows.size());
+  for (std::size_t j = 0; j < rows.size(); ++j) {
+    const RowTuple& r = rows[j];
+    TensorRow t;
+    t.param = ptr<void>(std::get<0>(r));
+    t.grad = ptr<const void>(std::get<1>(r));
+    t.exp_avg = ptr<void>(std::get<2>(r));
+    t.exp_avg_sq = ptr<void>(std::get<3>(r));
+    t.p_init = ptr<void>(std::get<4>(r));
+    t.step = ptr<std::int64_t>(std::get<5>(r));
+    t.numel = std::get<6>(r);
+    t.elem_offset = std::get<7>(r);
+    t.param_index = std::get<8>(r);
+    t.global_numel = std::get<9>(r);
+    const std::string who = "row " + std::to_string(j);
+    if (t.numel < 0) invalid(who + ": numel must be >= 0, got " + std::to_string(t.numel));
+    if (!t.step) invalid(who + ": the step counter address is 0");
+    if (t.numel > 0 && (!t.param || !t.grad || !t.exp_avg || !t.exp_avg_sq)) {
+      invalid(who + ": a param/grad/exp_avg/exp_avg_sq address is 0");
+    }
+    if (bounded && t.numel > 0 && !t.p_init) invalid(who + ": bound_mode is not none but the p_init address is 0");
+    if (t.global_numel < t.elem_offset + t.numel) {
+      invalid(who + ": global_numel " + std::to_string(t.global_numel) + " < elem_offset + numel = " +
+              std::to_string(t.elem_offset + t.numel));
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::shared_ptr<cpu::ThreadPool> pool_for(int num_threads) {
+  if (num_threads < 0) invalid("num_threads must be >= 0, got " + std::to_string(num_threads));
+  static std::mutex mutex;
+  static auto* pools = new std::map<int, std::shared_ptr<cpu::ThreadPool>>();  // never destroyed: safe at exit
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& p = (*pools)[num_threads];
+  if (!p) p = cpu::make_thread_pool(num_threads);
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CpuGroup
+
+CpuGroup::CpuGroup(const GroupConfig& cfg, const std::vector<RowTuple>& rows, int num_threads)
+    : cfg_(cfg), rows_(make_rows(rows, cfg.hyper.bound_mode != BoundMode::kNone)), pool_(pool_for(num_threads)) {}
+
+void CpuGroup::pass1(std::uintptr_t stats, std::uintptr_t found_inf) {
+  cpu::pass1(cfg_, rows_.data(), rows_.size(), ptr<float>(stats), ptr<std::int32_t>(found_inf), *pool_);
+}
+
+void CpuGroup::pass2(double lr, std::uintptr_t stats, std::uintptr_t found_inf) {
+  validate_lr(lr);
+  cpu::pass2(cfg_, rows_.data(), rows_.size(), static_cast<float>(lr), ptr<const float>(stats),
+             ptr<const std::int32_t>(found_inf), *pool_);
+}
+
+void CpuGroup::commit(std::uintptr_t found_inf) {
+  cpu::commit(cfg_, rows_.data(), rows_.size(), ptr<const std::int32_t>(found_inf));
+}
+
+std::int64_t CpuGroup::first_nonfinite() { return cpu::first_nonfinite(cfg_, rows_.data(), rows_.size(), *pool_); }
+
+// ---------------------------------------------------------------------------------------------
+// AotGroup
+
+namespace {
+
+void require_address(CUdeviceptr address, const char* name, const char* why) {
+  if (address == 0) invalid(std::string("AotGroup: the ") + name + " address is 0" + why);
+}
+
+}  // namespace
+
+AotGroup::AotGroup(const std::string& bundle_dir, int device, const GroupConfig& cfg)
+    : kernels_(gpu::runtime_for_bundle(bundle_dir), device, cfg) {}
+
+void AotGroup::bind(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr partial_sum,
+                    CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr, std::int32_t ntensors,
+                    CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
+  if (nblocks < 0 || nblocks > 0x7FFFFFFF) {
+    invalid("AotGroup: nblocks must be in [0, 2^31-1] (a grid's x), got " + std::to_string(nblocks));
+  }
+  if (ntensors < 0) invalid("AotGroup: ntensors must be >= 0, got " + std::to_string(ntensors));
+  require_address(found_inf, "found_inf", "");
+  require_address(reduce_flag, "reduce_flag", "");
+  if (ntensors > 0) require_address(table, "table", " but ntensors > 0");
+  if (nblocks > 0) {
+    require_address(block_map, "block_map", " but nblocks > 0");
+    require_address(lr, "lr", " but nblocks > 0");
+  }
+  if (has_pass1()) {
+    const char* why = " but the group runs pass 1";
+    if (nblocks > 0) require_address(partial_sum, "partial_sum", why);
+    if (nblocks > 0) require_address(partial_bad, "partial_bad", why);
+    if (ntensors > 0) require_address(stats, "stats", why);
+  }
+  gpu::GroupBuffers b;
+  b.table = table;
+  b.block_map = block_map;
+  b.partial_sum = partial_sum;
+  b.partial_bad = partial_bad;
+  b.stats = stats;
+  b.lr = lr;
+  b.nblocks = nblocks;
+  b.ntensors = ntensors;
+  b.commit_rows = ntensors;
+  launches_ = std::make_unique<gpu::BoundGroupLaunches>(kernels_, b, found_inf, reduce_flag);
+}
+
+void AotGroup::set_flags(CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
+  gpu::BoundGroupLaunches& l = launches("set_flags", false);
+  require_address(found_inf, "found_inf", "");
+  require_address(reduce_flag, "reduce_flag", "");
+  l.set_flags(found_inf, reduce_flag);
+}
+
+void AotGroup::set_lr(CUdeviceptr lr) {
+  gpu::BoundGroupLaunches& l = launches("set_lr", false);
+  require_address(lr, "lr", "");
+  l.set_lr(lr);
+}
+
+void AotGroup::pass1(CUstream stream) { run("pass1", true, &gpu::BoundGroupLaunches::pass1, stream); }
+void AotGroup::reduce(CUstream stream) { run("reduce", true, &gpu::BoundGroupLaunches::reduce, stream); }
+void AotGroup::update(CUstream stream) { run("update", false, &gpu::BoundGroupLaunches::update, stream); }
+void AotGroup::commit(CUstream stream) { run("commit", false, &gpu::BoundGroupLaunches::commit, stream); }
+
+gpu::BoundGroupLaunches& AotGroup::launches(const char* what, bool pass1_kernel) {
+  if (!launches_) {
+    throw Error(Status::kStateError, std::string("AotGroup.") + what + ": no buffers are bound; call bind() first");
+  }
+  if (pass1_kernel && !launches_->has_pass1()) {
+    throw Error(Status::kStateError, std::string("AotGroup.") + what +
+                                         ": this group runs no pass 1 (clip == 0 and nonfinite != 'skip'); it "
+                                         "launches update and commit only");
+  }
+  return *launches_;
+}
+
+void AotGroup::run(const char* what, bool pass1_kernel, void (gpu::BoundGroupLaunches::*launch)(CUstream),
+                   CUstream stream) {
+  gpu::BoundGroupLaunches& l = launches(what, pass1_kernel);
+  ScopedContext ctx(l.driver(), l.context());  // the one driver call besides the launch
+  (l.*launch)(stream);
+}
+
+}  // namespace luminav

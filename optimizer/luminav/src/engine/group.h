@@ -1,0 +1,113 @@
+// src/engine/group.h: the launch groups Python's native backends drive (CpuGroup for "cpu",
+// AotGroup for "aot") and the conversions from Python's plain values (make_config, make_rows)
+//
+// python/bindings.cpp exposes these to python/luminamoon/optimizer/native.py; nothing here knows
+// Python, so GoogleTest reaches all of it (tests/test_group.cpp). Tensor storage stays the
+// caller's: rows and buffers are addresses of tensors Python owns.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "aot/runtime.h"
+#include "engine/engine.h"
+#include "engine/group_launch.h"
+#include "engine/thread_pool.h"
+
+namespace luminav {
+
+// One table row as Python hands it over: (param, grad, exp_avg, exp_avg_sq, p_init, step,
+// numel, elem_offset, param_index, global_numel), addresses as ints.
+using RowTuple = std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
+                            std::uintptr_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+
+// A launch group's constants from their Python values (dtype, bound-mode and nonfinite codes as
+// ints), validated as validate_hyper does; lr is not among them (it is passed per step).
+// Throws Error(kInvalidArgument) naming the first bad value.
+GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, double beta1, double beta2, double eps,
+                        double weight_decay, double clip, int bound_mode, double bound, bool maximize, int nonfinite,
+                        bool stochastic_rounding, std::uint64_t seed);
+
+// Rows from their tuples. Refuses, with Error(kInvalidArgument) naming the row: numel < 0, a
+// step counter address 0, a param/grad/exp_avg/exp_avg_sq address 0 where numel > 0, a p_init
+// address 0 where `bounded` and numel > 0, global_numel < elem_offset + numel.
+std::vector<TensorRow> make_rows(const std::vector<RowTuple>& rows, bool bounded);
+
+// The worker pool of `num_threads` threads (0: one per hardware thread), made on first use and
+// shared by every group of the process. Throws Error(kInvalidArgument) for num_threads < 0.
+std::shared_ptr<cpu::ThreadPool> pool_for(int num_threads);
+
+// A launch group of the "cpu" backend: its config and rows, built once per table. Each pass
+// reads and writes host memory at the rows' addresses (engine/cpu_kernels.h).
+class CpuGroup {
+ public:
+  CpuGroup(const GroupConfig& cfg, const std::vector<RowTuple>& rows, int num_threads);
+
+  void pass1(std::uintptr_t stats, std::uintptr_t found_inf);
+  // Throws Error(kInvalidArgument) for an lr validate_lr refuses.
+  void pass2(double lr, std::uintptr_t stats, std::uintptr_t found_inf);
+  void commit(std::uintptr_t found_inf);
+  // Index of the first row with a non-finite gradient element, or -1.
+  std::int64_t first_nonfinite();
+
+  const GroupConfig& config() const { return cfg_; }
+  std::size_t size() const { return rows_.size(); }
+  int num_threads() const { return pool_->size(); }
+
+ private:
+  GroupConfig cfg_;
+  std::vector<TensorRow> rows_;
+  std::shared_ptr<cpu::ThreadPool> pool_;
+};
+
+// A launch group of the "aot" backend: its kernels loaded from a bundle on one CUDA device and
+// launched on the bound launch path the engine uses (gpu::BoundGroupLaunches): bind() checks the
+// buffers and packs every kernel's arguments once per layout; a launch then makes the kernels'
+// context current where it is not (one cuCtxGetCurrent) and calls cuLaunchKernel. Python owns
+// the buffers (torch tensors) and hands over their device addresses.
+class AotGroup {
+ public:
+  // Loads (and verifies) every kernel the group runs; throws Error(kNotFound) for a variant the
+  // bundle lacks, kBundleError for a bad bundle, kDriverError without a driver.
+  AotGroup(const std::string& bundle_dir, int device, const GroupConfig& cfg);
+
+  // Binds the launches to the group's buffers (GroupBuffers: commit advances the `ntensors`
+  // table rows), `found_inf` (read by pass 2 and commit) and `reduce_flag` (raised by reduce).
+  // A new binding replaces the previous one. Throws Error(kInvalidArgument) for a count out of
+  // range or an address 0 that a launch would read.
+  void bind(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr partial_sum,
+            CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr, std::int32_t ntensors, CUdeviceptr found_inf,
+            CUdeviceptr reduce_flag);
+  // Replace only those arguments (a compare where they did not change). Throw Error(kStateError)
+  // before bind(), Error(kInvalidArgument) for an address 0.
+  void set_flags(CUdeviceptr found_inf, CUdeviceptr reduce_flag);
+  void set_lr(CUdeviceptr lr);
+
+  // The launches, on `stream` (a stream of the device's primary context; 0: its default
+  // stream). Throw Error(kStateError) before bind(), and for pass1/reduce of a group that runs
+  // no pass 1 (clip == 0 and nonfinite != skip); kDriverError when a launch fails.
+  void pass1(CUstream stream);
+  void reduce(CUstream stream);
+  // pass 2 where the group runs pass 1, else the single-pass kernel.
+  void update(CUstream stream);
+  void commit(CUstream stream);
+
+  const GroupConfig& config() const { return kernels_.config(); }
+  bool bound() const { return launches_ != nullptr; }
+  bool has_pass1() const { return kernels_.config().needs_pass1(); }
+
+ private:
+  // The bound launches; throws as the launch methods say.
+  gpu::BoundGroupLaunches& launches(const char* what, bool pass1_kernel);
+  // One launch in the kernels' context.
+  void run(const char* what, bool pass1_kernel, void (gpu::BoundGroupLaunches::*launch)(CUstream), CUstream stream);
+
+  gpu::GroupKernels kernels_;
+  std::unique_ptr<gpu::BoundGroupLaunches> launches_;
+};
+
+}  // namespace luminav

@@ -1,0 +1,268 @@
+// src/engine/group_launch.cpp: variant keys, device tables and bound launches of one launch group
+// (see group_launch.h)
+#include "engine/group_launch.h"
+
+#include <array>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace luminav {
+namespace gpu {
+
+namespace {
+std::int64_t address(const void* p) { return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p)); }
+
+std::string dtypes_part(std::initializer_list<std::pair<char, int>> items) {
+  std::string s;
+  for (const auto& it : items) {
+    s += it.first;
+    s += std::to_string(it.second);
+  }
+  return s;
+}
+}  // namespace
+
+VariantKeys variant_keys(const GroupConfig& cfg) {
+  const int p = static_cast<int>(cfg.param_dtype);
+  const int g = static_cast<int>(cfg.grad_dtype);
+  const int s = static_cast<int>(cfg.state_dtype);
+  const int sr = cfg.sr() ? 1 : 0;
+  const int b = static_cast<int>(cfg.hyper.bound_mode);
+  const int clip = cfg.hyper.clip > 0 ? 1 : 0;
+  const int check = cfg.check_flag() ? 1 : 0;
+  const std::string B = ".B" + std::to_string(kBlock);
+  const std::string w = ".w" + std::to_string(kBlockWarps);
+  VariantKeys k;
+  if (cfg.needs_pass1()) {
+    k.pass1 = "pass1." + dtypes_part({{'g', g}, {'s', s}}) + ".sr" + std::to_string(sr) + ".n" +
+              std::to_string(clip) + B + w;
+    k.reduce = "reduce" + B + ".R" + std::to_string(kReduceRBlock) + ".w" + std::to_string(kReduceWarps);
+    k.pass2 = "pass2." + dtypes_part({{'p', p}, {'g', g}, {'s', s}}) + ".sr" + std::to_string(sr) + ".b" +
+              std::to_string(b) + ".c" + std::to_string(clip) + ".f" + std::to_string(check) + B + w;
+  } else {
+    k.single_pass = "single_pass." + dtypes_part({{'p', p}, {'g', g}, {'s', s}}) + ".sr" + std::to_string(sr) +
+                    ".b" + std::to_string(b) + B + w;
+  }
+  k.commit = commit_key(cfg.check_flag());
+  return k;
+}
+
+std::string commit_key(bool check_flag) {
+  return std::string("commit.f") + (check_flag ? "1" : "0") + ".T" + std::to_string(kCommitTBlock) + ".w" +
+         std::to_string(kCommitWarps);
+}
+
+HostTables build_tables(const TensorRow* rows, std::size_t n) {
+  HostTables t;
+  t.table.assign(n * kTableCols, 0);
+  std::int64_t start = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    const TensorRow& r = rows[j];
+    std::int64_t* row = t.table.data() + j * kTableCols;
+    row[kColParam] = address(r.param);
+    row[kColGrad] = address(r.grad);
+    row[kColExpAvg] = address(r.exp_avg);
+    row[kColExpAvgSq] = address(r.exp_avg_sq);
+    row[kColPInit] = address(r.p_init);
+    row[kColStep] = address(r.step);
+    row[kColNumel] = r.numel;
+    row[kColBlockStart] = start;
+    row[kColElemOffset] = r.elem_offset;
+    row[kColParamIndex] = r.param_index;
+    row[kColGlobalNumel] = r.global_numel;
+    // column 11 and the step-constant cache (kColCache..17) start at zero: no cached step
+    start += (r.numel + kBlock - 1) / kBlock;
+  }
+  if (start > 0x7FFFFFFF) {
+    throw Error(Status::kInvalidArgument, "a launch group of " + std::to_string(start) +
+                                              " blocks exceeds the grid limit 2^31-1; split the parameters over groups");
+  }
+  t.nblocks = start;
+  t.block_map.resize(static_cast<std::size_t>(start));
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::int64_t b0 = t.table[j * kTableCols + kColBlockStart];
+    const std::int64_t nb = (rows[j].numel + kBlock - 1) / kBlock;
+    for (std::int64_t b = 0; b < nb; ++b) t.block_map[static_cast<std::size_t>(b0 + b)] = static_cast<std::int32_t>(j);
+  }
+  return t;
+}
+
+GroupScalars group_scalars(const GroupConfig& cfg) {
+  GroupScalars s;
+  std::uint64_t seed = cfg.seed;
+  std::memcpy(&s.seed, &seed, 8);  // the i64 argument carries the uint64 bit pattern
+  s.sign = cfg.hyper.maximize ? -1.0f : 1.0f;
+  s.beta1 = static_cast<float>(cfg.hyper.beta1);
+  s.beta2 = static_cast<float>(cfg.hyper.beta2);
+  s.eps = static_cast<float>(cfg.hyper.eps);
+  s.weight_decay = static_cast<float>(cfg.hyper.weight_decay);
+  s.clip = static_cast<float>(cfg.hyper.clip);
+  s.bound = static_cast<float>(cfg.hyper.bound);
+  return s;
+}
+
+GroupKernels::GroupKernels(std::shared_ptr<AotRuntime> runtime, int device, const GroupConfig& cfg)
+    : rt_(std::move(runtime)), device_(device), cfg_(cfg), scalars_(group_scalars(cfg)) {
+  const AotManifest& man = rt_->manifest();
+  if (man.table_cols() != kTableCols) {
+    throw Error(Status::kBundleError,
+                "bundle " + man.dir() + " (format_version " + std::to_string(man.format_version()) + ", created by " +
+                    man.created_by() + ") holds kernels that read device tables of " +
+                    std::to_string(man.table_cols()) + " columns; this luminav writes " + std::to_string(kTableCols) +
+                    ". Rebuild the bundle with this release: luminamoon aot build --out " + man.dir());
+  }
+  const VariantKeys k = variant_keys(cfg);
+  if (cfg.needs_pass1()) {
+    pass1_ = &resolve(k.pass1);
+    reduce_ = &resolve(k.reduce);
+    update_ = &resolve(k.pass2);
+  } else {
+    update_ = &resolve(k.single_pass);
+  }
+  commit_ = &resolve(k.commit);
+}
+
+const LoadedKernel& GroupKernels::resolve(const std::string& key) const {
+  const DeviceInfo info = rt_->device_info(device_);
+  const KernelMetadata* meta = rt_->manifest().find(key, info.cc_major, info.cc_minor);
+  if (!meta) {
+    const std::string arch = std::to_string(info.cc_major) + std::to_string(info.cc_minor);
+    throw Error(Status::kNotFound, "variant " + key + " for sm_" + arch + " is not in bundle " + rt_->manifest().dir() +
+                                       "; rebuild with `luminamoon aot build --arch " + arch + " --dtypes " +
+                                       dtype_word(cfg_.param_dtype) + ":" + dtype_word(cfg_.grad_dtype) + ":" +
+                                       dtype_word(cfg_.state_dtype) + "`");
+  }
+  return rt_->load(*meta, device_);
+}
+
+namespace {
+
+// The argument lists of docs/internals.md "Kernels", each written once: a struct of the values
+// in order, and the pointers to them that a launch takes. BoundGroupLaunches binds them once.
+struct Pass1Args {
+  CUdeviceptr table, block_map, partial_sum, partial_bad;
+  std::int64_t seed;
+  float sign, beta1, beta2, eps;
+};
+constexpr std::size_t kPass1Seed = 4;
+std::array<void*, 9> pointers(Pass1Args& a) {
+  return {&a.table, &a.block_map, &a.partial_sum, &a.partial_bad, &a.seed, &a.sign, &a.beta1, &a.beta2, &a.eps};
+}
+Pass1Args pass1_args(CUdeviceptr table, CUdeviceptr block_map, CUdeviceptr partial_sum, CUdeviceptr partial_bad,
+                     const GroupScalars& s) {
+  return {table, block_map, partial_sum, partial_bad, s.seed, s.sign, s.beta1, s.beta2, s.eps};
+}
+
+struct ReduceArgs {
+  CUdeviceptr table, partial_sum, partial_bad, stats, found_inf;
+  std::int32_t ntensors;
+};
+constexpr std::size_t kReduceFoundInf = 4;
+std::array<void*, 6> pointers(ReduceArgs& a) {
+  return {&a.table, &a.partial_sum, &a.partial_bad, &a.stats, &a.found_inf, &a.ntensors};
+}
+
+struct UpdateArgs {
+  CUdeviceptr table, block_map, stats, found_inf, lr;
+  std::int64_t seed;
+  float sign, beta1, beta2, eps, weight_decay, clip, bound;
+};
+constexpr std::size_t kUpdateFoundInf = 3;
+constexpr std::size_t kUpdateLr = 4;
+constexpr std::size_t kUpdateSeed = 5;
+std::array<void*, 13> pointers(UpdateArgs& a) {
+  return {&a.table, &a.block_map, &a.stats, &a.found_inf, &a.lr, &a.seed, &a.sign, &a.beta1, &a.beta2, &a.eps,
+          &a.weight_decay, &a.clip, &a.bound};
+}
+UpdateArgs update_args(CUdeviceptr table, CUdeviceptr block_map, CUdeviceptr stats, CUdeviceptr found_inf,
+                       CUdeviceptr lr, const GroupScalars& s) {
+  // single_pass reads neither stats nor found_inf; any valid address will do.
+  if (!stats) stats = table;
+  if (!found_inf) found_inf = table;
+  return {table, block_map, stats, found_inf, lr, s.seed, s.sign, s.beta1, s.beta2, s.eps, s.weight_decay, s.clip,
+          s.bound};
+}
+
+struct CommitArgs {
+  CUdeviceptr table, found_inf;
+  std::int32_t ntensors;
+};
+constexpr std::size_t kCommitFoundInf = 1;
+std::array<void*, 3> pointers(CommitArgs& a) { return {&a.table, &a.found_inf, &a.ntensors}; }
+CommitArgs commit_args(CUdeviceptr table, CUdeviceptr found_inf, std::int32_t ntensors) {
+  if (!found_inf) found_inf = table;  // commit without CHECK_FLAG does not read it
+  return {table, found_inf, ntensors};
+}
+
+LaunchGrid blocks_grid(std::int64_t nblocks) { return {static_cast<unsigned>(nblocks), 1, 1}; }
+
+template <typename Args>
+KernelLaunch bind(AotRuntime& rt, const LoadedKernel& k, LaunchGrid grid, Args args) {
+  auto p = pointers(args);
+  return KernelLaunch(rt, k, grid, p.data(), p.size());
+}
+
+}  // namespace
+
+BoundGroupLaunches::BoundGroupLaunches(const GroupKernels& k, const GroupBuffers& b, CUdeviceptr found_inf,
+                                       CUdeviceptr reduce_flag)
+    : rt_(k.rt_), found_inf_(found_inf), reduce_flag_(reduce_flag), lr_(b.lr), seed_(k.cfg_.seed) {
+  if (b.commit_rows < b.ntensors) {
+    throw Error(Status::kInternal, "commit must advance every tensor's counter: " + std::to_string(b.commit_rows) +
+                                       " rows for " + std::to_string(b.ntensors) + " tensors");
+  }
+  AotRuntime& rt = *rt_;
+  if (k.pass1_) {
+    pass1_ = bind(rt, *k.pass1_, blocks_grid(b.nblocks),
+                  pass1_args(b.table, b.block_map, b.partial_sum, b.partial_bad, k.scalars_));
+    reduce_ = bind(rt, *k.reduce_, {static_cast<unsigned>(b.ntensors), 1, 1},
+                   ReduceArgs{b.table, b.partial_sum, b.partial_bad, b.stats, reduce_flag, b.ntensors});
+  }
+  update_ = bind(rt, *k.update_, blocks_grid(b.nblocks),
+                 update_args(b.table, b.block_map, b.stats, found_inf, b.lr, k.scalars_));
+  commit_ = bind(rt, *k.commit_, {1, 1, 1}, commit_args(b.table, found_inf, b.commit_rows));
+}
+
+void BoundGroupLaunches::set_flags(CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
+  if (found_inf != found_inf_) {
+    update_.set(kUpdateFoundInf, found_inf);
+    commit_.set(kCommitFoundInf, found_inf);
+    found_inf_ = found_inf;
+  }
+  if (reduce_flag != reduce_flag_) {
+    if (reduce_.bound()) reduce_.set(kReduceFoundInf, reduce_flag);
+    reduce_flag_ = reduce_flag;
+  }
+}
+
+void BoundGroupLaunches::set_lr(CUdeviceptr lr) {
+  if (lr == lr_) return;
+  update_.set(kUpdateLr, lr);
+  lr_ = lr;
+}
+
+void BoundGroupLaunches::set_seed(std::uint64_t seed) {
+  if (seed == seed_) return;
+  std::int64_t bits;
+  std::memcpy(&bits, &seed, 8);
+  if (pass1_.bound()) pass1_.set(kPass1Seed, bits);
+  update_.set(kUpdateSeed, bits);
+  seed_ = seed;
+}
+
+std::shared_ptr<AotRuntime> runtime_for_bundle(const std::string& dir) {
+  static std::mutex mutex;
+  static auto* cache = new std::map<std::string, std::weak_ptr<AotRuntime>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = (*cache)[dir];
+  std::shared_ptr<AotRuntime> rt = slot.lock();
+  if (!rt) {
+    rt = std::make_shared<AotRuntime>(AotManifest::load(dir));
+    slot = rt;
+  }
+  return rt;
+}
+
+}  // namespace gpu
+}  // namespace luminav

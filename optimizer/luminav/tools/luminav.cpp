@@ -1,0 +1,172 @@
+// tools/luminav.cpp: the luminav command line: main, and the inspect, verify and version
+// subcommands (selftest.cpp and bench/ hold the others)
+//
+//   luminav inspect BUNDLE                   the bundle's variants, as a table
+//   luminav verify BUNDLE [--device N] [--require-gpu]
+//                                            schema, hashes, ABI consistency; with a GPU also
+//                                            loads every variant the device can run and checks
+//                                            its parameter list
+//   luminav selftest BUNDLE [--device N] [--steps S]
+//                                            runs the CUDA engine (the bundle's kernels) against
+//                                            the CPU engine on the same inputs
+//   luminav bench BUNDLE|- [options]         cold start and host time per step (bench/)
+//   luminav version
+// Exit codes: 0 ok, 1 failure, 2 usage. Errors print the library's message.
+#include <chrono>
+#include <exception>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "aot/manifest.h"
+#include "aot/runtime.h"
+#include "common/cli_args.h"
+#include "common/table.h"
+#include "luminav/cuda_driver.h"
+#include "luminav/error.h"
+#include "luminav/luminav.h"
+
+namespace {
+
+using namespace luminav;
+using namespace luminav::tools;
+
+constexpr const char* kUsage =
+    "usage: luminav <command> [options]\n"
+    "  inspect BUNDLE                     list the bundle's kernel variants\n"
+    "  verify BUNDLE [--device N] [--require-gpu]\n"
+    "                                     check schema, hashes and ABI; on a GPU also load every\n"
+    "                                     variant the device can run and check its parameters\n"
+    "  selftest BUNDLE [--device N] [--steps S]\n"
+    "                                     run each bundled update variant on the GPU and compare\n"
+    "                                     with the CPU engine\n"
+    "  bench BUNDLE|- [options]           cold start and host time per step (bench --help)\n"
+    "  version                            print versions\n";
+
+int cmd_inspect(const BundleOptions& o) {
+  const AotManifest m = AotManifest::load(o.bundle);
+  print_header(m);
+  std::vector<std::vector<std::string>> rows = {
+      {"key", "kernel", "arch", "warps", "stages", "shared", "params", "scratch", "cubin"}};
+  for (const auto& k : m.kernels()) {
+    std::string scratch = "-";
+    if (k.global_scratch_size > 0 || k.profile_scratch_size > 0) {
+      scratch = std::to_string(k.global_scratch_size) + "/" + std::to_string(k.profile_scratch_size) + " B per CTA";
+    }
+    rows.push_back({k.key, k.kernel, sm(k.arch), std::to_string(k.num_warps), std::to_string(k.num_stages),
+                    std::to_string(k.shared_mem), std::to_string(k.signature.size()) + "+" +
+                    std::to_string(k.num_trailing_scratch_ptrs), scratch, human_bytes(k.cubin_bytes)});
+  }
+  print_table(rows);
+  return 0;
+}
+
+int cmd_verify(const BundleOptions& o) {
+  const auto manifest = std::make_shared<const AotManifest>(AotManifest::load(o.bundle));
+  print_header(*manifest);
+  // Every cubin now, not only those a step would load: each one's refusal is reported.
+  int bad_cubins = 0;
+  for (const auto& k : manifest->kernels()) {
+    try {
+      (void)k.image();
+    } catch (const Error& e) {
+      ++bad_cubins;
+      std::cout << "FAIL " << k.key << " (" << sm(k.arch) << "): " << e.what() << "\n";
+    }
+  }
+  if (bad_cubins > 0) {
+    std::cout << "FAIL " << bad_cubins << " of " << manifest->kernels().size()
+              << " cubins refused; rebuild the bundle (luminamoon aot build)\n";
+    return 1;
+  }
+  std::cout << "ok  schema, sha256 of " << manifest->kernels().size()
+            << " cubins, ELF structure, num_params = len(signature) + trailing scratch pointers\n";
+  if (!cuda_driver_available()) {
+    std::cout << (o.require_gpu ? "FAIL" : "skip") << " on-device checks: " << no_driver_reason() << "\n";
+    return o.require_gpu ? 1 : 0;
+  }
+  AotRuntime rt(manifest);
+  const DeviceInfo info = rt.device_info(o.device);
+  std::cout << "device " << o.device << ": compute capability " << info.cc_major << "." << info.cc_minor << ", "
+            << info.multiprocessors << " SMs, CUDA driver " << rt.driver().driver_version << "\n";
+  int loaded = 0, skipped = 0, failed = 0;
+  for (const auto& k : manifest->kernels()) {
+    if (!k.runs_on(info.cc_major, info.cc_minor)) {
+      ++skipped;
+      continue;
+    }
+    try {
+      const LoadedKernel& lk = rt.load(k, o.device);
+      ++loaded;
+      std::cout << "ok   " << k.key << " (" << sm(k.arch) << "): loaded, "
+                << (lk.params_checked >= 0 ? std::to_string(lk.params_checked) + " parameters match the manifest"
+                                           : std::string("parameter count not checked (driver before CUDA 12.4)"))
+                << ", " << lk.num_regs << " registers\n";
+    } catch (const Error& e) {
+      ++failed;
+      std::cout << "FAIL " << k.key << " (" << sm(k.arch) << "): " << e.what() << "\n";
+    }
+  }
+  std::cout << loaded << " loaded, " << failed << " failed, " << skipped << " for other archs (not loadable on sm_"
+            << info.cc_major << info.cc_minor << ")\n";
+  if (loaded == 0 && failed == 0) {
+    std::cout << "FAIL no variant of this bundle runs on device " << o.device
+              << "; fix: luminamoon aot build --arch " << info.cc_major << info.cc_minor << "\n";
+    return 1;
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+int cmd_version() {
+  std::cout << "luminav " << lv_version_string() << "\n"
+            << "bundle format: " << kAotBundleFormat << " v" << kAotBundleFormatVersion << " (newest read)\n";
+  if (cuda_driver_available()) {
+    const CudaDriverApi& api = cuda_driver();
+    int count = 0;
+    api.cuDeviceGetCount(&count);
+    std::cout << "CUDA driver: " << api.driver_version / 1000 << "." << (api.driver_version % 1000) / 10 << ", "
+              << count << " device(s), cuFuncGetParamInfo " << (api.cuFuncGetParamInfo ? "available" : "absent")
+              << "\n";
+  } else {
+    std::cout << "CUDA driver: none (" << no_driver_reason() << ")\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto main_start = std::chrono::steady_clock::now();  // first: bench measures cold start from here
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  try {
+    if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (cmd == "version" || cmd == "--version") {
+      if (!args.empty()) throw UsageError{"version takes no arguments"};
+      return cmd_version();
+    }
+    if (cmd == "inspect") return cmd_inspect(tools::parse_bundle_options(args, false, false));
+    if (cmd == "verify") return cmd_verify(tools::parse_bundle_options(args, false, true));
+    if (cmd == "selftest") return tools::run_selftest(tools::parse_bundle_options(args, true, false));
+    if (cmd == "bench") return tools::run_bench(args, main_start);
+    throw UsageError{"unknown command \"" + cmd + "\""};
+  } catch (const UsageError& e) {
+    std::cerr << "luminav: " << e.message << "\n" << kUsage;
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "luminav " << cmd << ": " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "luminav " << cmd << ": " << e.what() << "\n";
+    return 1;
+  }
+}
