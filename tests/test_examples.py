@@ -1,0 +1,122 @@
+"""The training stacks of examples/ with tiny sizes, on the CPU: a Hugging Face Trainer run,
+asserting that the loss falls and that a resumed run continues the interrupted one exactly (the
+same global step, the optimizer state as saved, the same losses bit for bit).
+
+Each example's ``main(argv)`` runs in this process and returns what it measured. The
+transformers tests skip where it is not installed (the version matrix does not install it).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+@pytest.fixture(autouse=True)
+def _examples_env(monkeypatch):
+    """examples/ importable, no hub access; the environment and torch's RNG as they were."""
+    monkeypatch.syspath_prepend(EXAMPLES)
+    environ = dict(os.environ)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    rng = torch.get_rng_state()
+    yield
+    torch.set_rng_state(rng)
+    os.environ.clear()
+    os.environ.update(environ)
+
+
+def _falls(losses, n=3, margin=0.05):
+    """Whether the mean of the last ``n`` losses is below the mean of the first ``n`` by more
+    than ``margin`` (nats)."""
+    values = [l for _, l in losses] if isinstance(losses[0], tuple) else list(losses)
+    first, last = sum(values[:n]) / n, sum(values[-n:]) / n
+    return last < first - margin, (first, last)
+
+
+@pytest.mark.parametrize("script", ["hf_trainer.py"])
+def test_example_scripts_have_help(script):
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, script), "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "usage:" in out.stdout and "--" in out.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face Transformers Trainer
+# ---------------------------------------------------------------------------------------------
+HF_TINY = ["--max-steps", "12", "--save-steps", "6", "--text-bytes", "60000",
+           "--block-size", "32", "--batch-size", "4", "--n-embd", "32", "--n-layer", "1",
+           "--n-head", "2", "--warmup-steps", "3", "--eval-batches", "2", "--logging-steps", "1",
+           "--quiet"]
+
+
+def _hf():
+    pytest.importorskip("transformers", reason="the Trainer example needs transformers")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
+    import hf_trainer
+
+    return hf_trainer
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_hf_trainer_trains_and_resume_continues(tmp_path, dtype):
+    hf_trainer = _hf()
+    common = HF_TINY + ["--dtype", dtype]
+    first = hf_trainer.main(["--out", str(tmp_path / "a"), "--opt-seed", "777"] + common)
+    assert first["global_step"] == 12
+    assert [s for s, _ in first["losses"]] == list(range(1, 13))
+    falls, means = _falls(first["losses"])
+    assert falls, means
+    assert first["eval_after"] < first["eval_before"] - 0.1, first
+    assert first["opt_seed"] == 777
+    ckpt = tmp_path / "a" / "checkpoint-6"
+    assert (ckpt / "optimizer.pt").is_file() and (ckpt / "scheduler.pt").is_file()
+
+    # resume from step 6 with another --opt-seed: the checkpoint's seed must win
+    second = hf_trainer.main(["--out", str(tmp_path / "b"), "--opt-seed", "999",
+                              "--resume-from", str(ckpt)] + common)
+    resume = second["resume"]
+    assert resume["global_step"] == 6  # where the resumed run starts
+    assert second["resume_problems"] == []  # the optimizer state as loaded == optimizer.pt
+    saved = second["saved_state_dict"]
+    assert saved["state"], "the checkpoint's optimizer state is empty"
+    for state in saved["state"].values():
+        assert int(state["step"]) == 6
+        assert state["exp_avg"].abs().sum() > 0 and state["exp_avg_sq"].abs().sum() > 0
+    assert {g["seed"] for g in saved["param_groups"]} == {777}
+    assert resume["seed"] == 777 and second["opt_seed"] == 777
+    assert second["global_step"] == 12
+    assert [s for s, _ in second["losses"]] == list(range(7, 13))
+    # the resumed steps are the uninterrupted run's, bit for bit (same data, RNG, state)
+    assert second["losses"] == first["losses"][6:]
+    assert second["eval_after"] == first["eval_after"]
+    # and so is the optimizer state both runs saved at step 12
+    import hf_trainer as mod
+
+    end_a = torch.load(tmp_path / "a" / "checkpoint-12" / "optimizer.pt", weights_only=True)
+    end_b = torch.load(tmp_path / "b" / "checkpoint-12" / "optimizer.pt", weights_only=True)
+    assert mod.compare_states(end_b, end_a) == []
+
+
+def test_hf_trainer_named_parameters(tmp_path):
+    """torch.optim optimizers take (name, parameter) pairs (torch >= 2.6): the state dict then
+    carries each group's 'param_names', and a checkpoint resumes as with bare parameters."""
+    hf_trainer = _hf()
+    common = HF_TINY + ["--named-params"]
+    first = hf_trainer.main(["--out", str(tmp_path / "a"), "--opt-seed", "5"] + common)
+    falls, means = _falls(first["losses"])
+    assert falls, means
+    ckpt = tmp_path / "a" / "checkpoint-6"
+    saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    names = [n for g in saved["param_groups"] for n in g.get("param_names", [])]
+    assert "transformer.wte.weight" in names and "transformer.h.0.ln_1.bias" in names, names
+    second = hf_trainer.main(["--out", str(tmp_path / "b"), "--resume-from", str(ckpt)] + common)
+    assert second["resume_problems"] == []
+    assert second["losses"] == first["losses"][6:]
