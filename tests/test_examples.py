@@ -1,7 +1,7 @@
-"""The training stacks of examples/ with tiny sizes, on the CPU: a Hugging Face Trainer run and
-a PyTorch Lightning run, each asserting that the loss falls and that a resumed run continues the
-interrupted one exactly (the same global step, the optimizer state as saved, the same losses bit
-for bit).
+"""The training stacks of examples/ with tiny sizes, on the CPU: a Hugging Face Trainer run, a
+PyTorch Lightning run and torch.compile, each asserting that the loss falls and, where there is
+a checkpoint, that a resumed run continues the interrupted one exactly (the same global step,
+the optimizer state as saved, the same losses bit for bit).
 
 Each example's ``main(argv)`` runs in this process and returns what it measured. The
 transformers and lightning tests skip where those packages are not installed (the version
@@ -42,7 +42,7 @@ def _falls(losses, n=3, margin=0.05):
     return last < first - margin, (first, last)
 
 
-@pytest.mark.parametrize("script", ["hf_trainer.py", "lightning_train.py"])
+@pytest.mark.parametrize("script", ["hf_trainer.py", "lightning_train.py", "compiled_model.py"])
 def test_example_scripts_have_help(script):
     out = subprocess.run([sys.executable, os.path.join(EXAMPLES, script), "--help"],
                          capture_output=True, text=True, timeout=60)
@@ -173,3 +173,79 @@ def test_lightning_trains_and_resume_continues(tmp_path, precision):
         other = lightning_train.main(["--out", str(tmp_path / "c"), "--opt-seed", "999"]
                                      + common)
         assert other["losses"][spe:] != first["losses"][spe:]
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile
+# ---------------------------------------------------------------------------------------------
+COMPILE_TINY = ["--steps", "6", "--text-bytes", "20000", "--block-size", "32",
+                "--batch-size", "8", "--d-model", "32", "--n-layer", "1", "--n-head", "2",
+                "--device", "cpu", "--no-fullgraph-check"]
+
+
+def _compiled_model():
+    if not hasattr(torch, "compile"):
+        pytest.skip("this torch has no torch.compile")
+    import compiled_model
+
+    return compiled_model
+
+
+def _runs(result):
+    """The runs of compiled_model.main, raising the first one's error (its traceback)."""
+    for r in result["runs"].values():
+        if "error" in r:
+            raise r["error"]
+    return result["runs"]
+
+
+def test_compiled_module_matches_eager_bitwise():
+    """torch.compile(model) with aot_eager runs eager's ATen ops: the same losses and weights,
+    bit for bit, with LuminaMoon stepping outside the compiled code."""
+    compiled_model = _compiled_model()
+    result = compiled_model.main(COMPILE_TINY + ["--backend", "aot_eager",
+                                                 "--modes", "eager,module"])
+    eager, module = _runs(result)["eager"], _runs(result)["module"]
+    falls, means = _falls(eager["losses"], n=2)
+    assert falls, means
+    assert module["bitwise_losses"], (module["losses"], eager["losses"])
+    assert module["bitwise_params"]
+    assert module["skipped"] == 0
+
+
+def test_compiled_module_inductor_close_to_eager():
+    """inductor's generated kernels order float arithmetic differently: close, not bitwise."""
+    compiled_model = _compiled_model()
+    result = compiled_model.main(COMPILE_TINY + ["--backend", "inductor",
+                                                 "--modes", "eager,module", "--steps", "4"])
+    eager, module = _runs(result)["eager"], _runs(result)["module"]
+    falls, means = _falls(module["losses"], n=2)
+    assert falls, means
+    assert module["max_loss_diff"] < 1e-3, (module["losses"], eager["losses"])
+
+
+def test_compiled_train_step_calling_opt_step_matches_eager():
+    """A training step compiled whole (zero_grad, forward, backward, opt.step()): Dynamo breaks
+    the graph around the backward pass and LuminaMoon's step, and the run equals eager's."""
+    compiled_model = _compiled_model()
+    result = compiled_model.main(COMPILE_TINY + ["--backend", "aot_eager",
+                                                 "--modes", "eager,step"])
+    step = _runs(result)["step"]
+    falls, means = _falls(step["losses"], n=2)
+    assert falls, means
+    assert step["bitwise_losses"], (step["losses"], result["runs"]["eager"]["losses"])
+    assert step["bitwise_params"]
+
+
+def test_fullgraph_compile_of_opt_step_says_luminamoon_cannot_be_one_graph():
+    """fullgraph=True forbids graph breaks, and LuminaMoon's step launches kernels Dynamo does
+    not trace: the compile must fail with Dynamo's Unsupported error, and its explanation (the
+    text before Dynamo's 'from user code:' trace) must name LuminaMoon, not some incidental
+    call inside it."""
+    compiled_model = _compiled_model()
+    args = compiled_model.parse_args(["--device", "cpu", "--backend", "eager"])
+    err = compiled_model.fullgraph_step_error(args, "cpu")
+    assert err is not None, "a fullgraph=True compile of opt.step() compiled"
+    assert isinstance(err, torch._dynamo.exc.Unsupported), repr(err)
+    explanation = str(err).split("from user code:")[0]
+    assert "LuminaMoon" in explanation, explanation
