@@ -4,6 +4,7 @@ torch.compile), on the backends that run on CPU (reference and cpu). Each test n
 contract it checks; each failed before LuminaMoon met it."""
 from __future__ import annotations
 
+import collections
 import copy
 import io
 import pickle
@@ -314,6 +315,18 @@ def test_load_state_dict_checks_everything_first_and_changes_nothing(break_it, m
     for k, v in before["state"].items():
         for key, t in v.items():
             assert torch.equal(after["state"][k][key], t)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_state_dict_taken_before_the_first_step_loads_and_steps(backend):
+    """What accelerate does to every optimizer it wraps: the state stays torch's
+    defaultdict(dict), so parameters without saved state get theirs on the first step."""
+    model = _model()
+    opt = LuminaMoon(model.parameters(), seed=3, backend=backend)
+    opt.load_state_dict(opt.state_dict())
+    assert isinstance(opt.state, collections.defaultdict)
+    _train(model, opt, steps=1)
+    assert all(int(opt.state[p]["step"]) == 1 for p in model.parameters())
 
 
 def test_a_plain_number_step_is_accepted_and_converted():

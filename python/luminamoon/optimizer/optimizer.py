@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
+from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -554,7 +555,7 @@ class LuminaMoon(torch.optim.Optimizer):
             if result is not None:
                 state_dict = result
         loaded = _state_dict.load(self, state_dict)
-        self.state = loaded.state
+        self.state = defaultdict(dict, loaded.state)  # as torch.optim keeps it
         self.param_groups = loaded.param_groups
         self._seed = loaded.seed
         for group in self.param_groups:
