@@ -108,9 +108,18 @@ def aot_bundle(tmp_path_factory) -> str:
     from luminamoon.aot.manifest import read_manifest, runs_on
     from luminamoon.kernels import catalog
 
+    from cases import CASES, GPU_CASES
+
     major, minor = torch.cuda.get_device_capability()
     arch = major * 10 + minor
-    wanted = {v.key() for v in catalog.all_variants()}
+    # the default bundle's dtype mixes and every mix the backend matrix steps
+    combos = list(catalog.DEFAULT_DTYPE_COMBOS)
+    for case in CASES + GPU_CASES:
+        combo = (case.param_dtype, case.grad_dtype, case.state_dtype)
+        if combo not in combos:
+            combos.append(combo)
+    variants = catalog.all_variants(combos)
+    wanted = {v.key() for v in variants}
     given = os.environ.get("LUMINAMOON_TEST_BUNDLE")
     if given:
         try:
@@ -121,7 +130,8 @@ def aot_bundle(tmp_path_factory) -> str:
         except (ValueError, OSError):  # not a readable bundle: build one
             pass
     out = tmp_path_factory.mktemp("aot_bundle")
-    build_bundle(out, archs=[arch], jobs=max(1, min(8, os.cpu_count() or 1)), progress=False)
+    build_bundle(out, archs=[arch], variants=variants, jobs=max(1, min(8, os.cpu_count() or 1)),
+                 progress=False)
     return str(out)
 
 

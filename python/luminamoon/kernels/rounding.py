@@ -93,20 +93,18 @@ def _to_bf16_bits(x, R, SR: tl.constexpr):
     """float32 -> bfloat16: stochastic with the 16-bit values R when SR (finite x), else round to
     nearest even.
 
-    Done on the bits (the same integer operations compiled and interpreted): finite x adds
-    R under SR, or 0x7FFF + lsb for round-to-nearest-even, and keeps the upper half;
-    +-inf keeps its upper half; NaN becomes 0x7FC0 (any NaN would do: docs/internals.md).
+    Done on the bits (the same integer operations compiled and interpreted): x adds R under
+    SR, or 0x7FFF + lsb for round-to-nearest-even, and keeps the upper half. That is also
+    right for +-inf (the upper half is unchanged) and for a carry out of the largest finite
+    value (inf, as rounding asks); only NaN, whose payload an addition could carry into the
+    sign, is set apart: it becomes 0x7FC0 (any NaN would do: docs/internals.md).
     """
     bits = x.to(tl.uint32, bitcast=True)
-    finite = (bits & 0x7F800000) != 0x7F800000
     if SR:
         add = R
     else:
         add = 0x7FFF + ((bits >> 16) & 1)
-    rounded = (bits + add) >> 16
-    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    special = tl.where(is_nan, 0x7FC0, bits >> 16)
-    out = tl.where(finite, rounded, special)
+    out = tl.where(x != x, 0x7FC0, (bits + add) >> 16)
     return out.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 

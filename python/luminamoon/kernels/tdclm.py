@@ -254,22 +254,45 @@ def _is_finite(x):
 
 
 @triton.jit
-def _block_offsets(pid, block_start, BLOCK: tl.constexpr, VEC: tl.constexpr):
-    """int64 element offsets of this program's block inside its tensor (tensors > 2**31 elems),
-    as a [BLOCK/8, 8] tile: row r holds elements 8r .. 8r + 7 of the block, for an unsharded
-    tensor a group of eight of the rounding streams (one Philox call serves a row,
-    docs/tdclm.md "Random streams").
+def _block_offsets(pid, block_start, BLOCK: tl.constexpr, VEC: tl.constexpr,
+                   TILE: tl.constexpr):
+    """int64 element offsets of this program's block inside its tensor (tensors > 2**31 elems).
 
-    VEC: the contiguous run each thread owns along a row. 8 lets every tensor take its widest
-    access (16 bytes); 4 keeps 32-bit and 16-bit tensors of one kernel in one register layout
-    (16-byte accesses for 32-bit data, 8-byte for 16-bit data) so that no layout conversion
-    through shared memory sits between the loads and the arithmetic.
+    TILE (kernels that round stochastically): a [BLOCK/8, 8] tile whose row r holds elements
+    8r .. 8r + 7 of the block, for an unsharded tensor a group of eight of the rounding
+    streams, so one Philox call serves a row (docs/tdclm.md "Random streams"). Else a flat
+    [BLOCK] run (measured faster where nothing draws random words: 1766.6 vs 1842.8 us for a
+    256M fp32 step, H200, benchmarks/results/2026-12-01-h200-compare.txt).
+
+    VEC: the contiguous run each thread owns. BLOCK (flat) or 8 (tile) lets every tensor take
+    its widest access (16 bytes); 4 keeps 32-bit and 16-bit tensors of one kernel in one
+    register layout (16-byte accesses for 32-bit data, 8-byte for 16-bit data) so that no layout
+    conversion through shared memory sits between the loads and the arithmetic.
     """
     local_block = pid - block_start
     start = local_block.to(tl.int64) * BLOCK
-    offs = start + (tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :])
-    offs = tl.max_contiguous(tl.multiple_of(offs, [8, 8]), [1, VEC])
+    if TILE:
+        offs = start + (tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :])
+        offs = tl.max_contiguous(tl.multiple_of(offs, [8, 8]), [1, VEC])
+    else:
+        offs = start + tl.arange(0, BLOCK)
+        offs = tl.max_contiguous(tl.multiple_of(offs, BLOCK), VEC)
     return start, offs
+
+
+@triton.jit
+def _reduce_all(x, OP: tl.constexpr):
+    """The sum (OP 0) or the max (OP 1) of a flat run or a tile, in a fixed order."""
+    if len(x.shape) == 2:
+        if OP == 0:
+            return tl.sum(tl.sum(x, axis=1), axis=0)
+        else:
+            return tl.max(tl.max(x, axis=1), axis=0)
+    else:
+        if OP == 0:
+            return tl.sum(x, axis=0)
+        else:
+            return tl.max(x, axis=0)
 
 
 @triton.jit
@@ -294,13 +317,13 @@ def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr, 
     if NEED_SUM:
         m = _load_f32(m_ptr, offs, mask, S_DTYPE)
         v = _load_f32(v_ptr, offs, mask, S_DTYPE)
-    bad = tl.max(tl.max((mask & (_is_finite(g_raw) == 0)).to(tl.int32), axis=1), axis=0)
+    bad = _reduce_all((mask & (_is_finite(g_raw) == 0)).to(tl.int32), 1)
     if NEED_SUM:
         _t, rbc1, rbc2, key = _program_constants(table, row, step_addr, seed, param_index, beta1,
                                                  beta2, SR)
         _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key,
-                                         g0, S_DTYPE, SR, offs.shape[0] * 8, ALIGNED)
-        s = tl.sum(tl.sum(tl.where(mask, u * u, 0.0), axis=1), axis=0)
+                                         g0, S_DTYPE, SR, offs.numel, ALIGNED)
+        s = _reduce_all(tl.where(mask, u * u, 0.0), 0)
     else:
         s = bad.to(tl.float32) * 0.0
     return s, bad
@@ -319,7 +342,7 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr,
     v = _load_f32(v_ptr, offs, mask, S_DTYPE)
     p = _load_f32(p_ptr, offs, mask, P_DTYPE)
     m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
-                                   S_DTYPE, SR, offs.shape[0] * 8, ALIGNED)
+                                   S_DTYPE, SR, offs.numel, ALIGNED)
     # 5. soft clip (pass 2 only)
     if USE_CLIP:
         # tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads, nonfinite="propagate")
@@ -340,7 +363,7 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr,
         q = tl.minimum(tl.maximum(q, p0 - r, propagate_nan=tl.PropagateNan.ALL), p0 + r,
                        propagate_nan=tl.PropagateNan.ALL)
     # 8. store p (stream 0), m, v, each rounded to its storage dtype
-    tl.store(p_ptr + offs, _to_storage(q, P_DTYPE, SR, key, g0, 0, offs.shape[0] * 8, ALIGNED),
+    tl.store(p_ptr + offs, _to_storage(q, P_DTYPE, SR, key, g0, 0, offs.numel, ALIGNED),
              mask=mask)
     tl.store(m_ptr + offs, m_st, mask=mask)
     tl.store(v_ptr + offs, v_st, mask=mask)
@@ -368,9 +391,11 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
     MIXED: tl.constexpr = ((P_DTYPE == 0) != (S_DTYPE == 0)) or ((G_DTYPE == 0) != (S_DTYPE == 0))
     if MIXED:
-        start, offs = _block_offsets(pid, block_start, BLOCK, 4)
+        start, offs = _block_offsets(pid, block_start, BLOCK, 4, SR)
+    elif SR:
+        start, offs = _block_offsets(pid, block_start, BLOCK, 8, SR)
     else:
-        start, offs = _block_offsets(pid, block_start, BLOCK, 8)
+        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK, SR)
     p_ptr = _elem_ptr(p_addr, P_DTYPE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
@@ -395,7 +420,7 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     if CHECK_FLAG:
         ok = _step_applies(found_inf, offs)
     else:
-        ok = tl.full([BLOCK // 8, 8], 1, tl.int1)
+        ok = tl.full(offs.shape, 1, tl.int1)
     if SR and (elem_offset & 7) != 0:
         # a shard that starts inside a group of eight: two Philox calls a row, masked accesses
         mask = (offs < numel) & ok
@@ -404,7 +429,7 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
                         BOUND_MODE, USE_CLIP, 0)
     elif start + BLOCK <= numel:
         # a full block: the mask is uniform, so accesses stay 16-byte vectors
-        mask = (tl.full([BLOCK // 8, 8], 1, tl.int1)) & ok
+        mask = (tl.full(offs.shape, 1, tl.int1)) & ok
         _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
                         beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
                         BOUND_MODE, USE_CLIP, 1)
@@ -438,22 +463,25 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
      param_index, _global_numel) = _load_row(table, row)
     # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
     MIXED: tl.constexpr = NEED_SUM and ((G_DTYPE == 0) != (S_DTYPE == 0))
+    # the moments' rounding words matter only with bf16 moments and a sum to take
+    TILE: tl.constexpr = SR and NEED_SUM and S_DTYPE == 1
     if MIXED:
-        start, offs = _block_offsets(pid, block_start, BLOCK, 4)
+        start, offs = _block_offsets(pid, block_start, BLOCK, 4, TILE)
+    elif TILE:
+        start, offs = _block_offsets(pid, block_start, BLOCK, 8, TILE)
     else:
-        start, offs = _block_offsets(pid, block_start, BLOCK, 8)
+        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK, TILE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
     g0 = elem_offset + start  # the global flat index of the block's first element
-    # (the moments' rounding words matter only with bf16 moments and a sum to take)
-    if SR and NEED_SUM and S_DTYPE == 1 and (elem_offset & 7) != 0:
+    if TILE and (elem_offset & 7) != 0:
         mask = offs < numel
         s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
                                  seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
                                  NEED_SUM, 0)
     elif start + BLOCK <= numel:
-        mask = tl.full([BLOCK // 8, 8], 1, tl.int1)
+        mask = tl.full(offs.shape, 1, tl.int1)
         s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
                                  seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
                                  NEED_SUM, 1)

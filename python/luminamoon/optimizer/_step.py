@@ -14,7 +14,7 @@ changes nothing a retry would see twice).
 """
 from __future__ import annotations
 
-import contextlib
+import _signal  # signal's C functions: the step sets and restores a handler every time
 import signal
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -189,7 +189,8 @@ def _launch_step(groups: Sequence[LaunchGroup], backends: Sequence[Backend],
     # Pass 2 (the update) and commit (step counters), group by group; then the staged
     # tensors' results back where their owners hold them.
     last = {g.device: i for i, g in enumerate(groups) if g.hyper.nonfinite == "skip"}
-    with _interrupts_held():
+    held = _hold_interrupts()
+    try:
         for i, (group, backend) in enumerate(zip(groups, backends)):
             with _get_device_context(group.device):
                 backend.pass2(group, flag_for(group))
@@ -200,27 +201,34 @@ def _launch_step(groups: Sequence[LaunchGroup], backends: Sequence[Backend],
                     backend.commit(group, flag_for(group))
                 for src, dst in group.stage_out:
                     dst.copy_(src)
-
-
-@contextlib.contextmanager
-def _interrupts_held():
-    """Holds SIGINT (KeyboardInterrupt) until the block has run, then delivers it; in the main
-    thread only (where Python delivers signals), and where the handler can be set."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = []
-    try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
-    except (ValueError, OSError):  # not settable here (an embedded interpreter)
-        yield
-        return
-    try:
-        yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            if callable(previous):
-                previous(signal.SIGINT, received[0])
-            elif previous != signal.SIG_IGN:
-                raise KeyboardInterrupt
+        _release_interrupts(held)
+
+
+_SIGINT = int(signal.SIGINT)
+
+
+def _hold_interrupts():
+    """Holds SIGINT (KeyboardInterrupt) until _release_interrupts, which then delivers it; in
+    the main thread only (where Python delivers signals), and where the handler can be set.
+    Returns what the release needs (None where nothing is held)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    received: list = []
+    try:
+        previous = _signal.signal(_SIGINT, lambda signum, frame: received.append(frame))
+    except (ValueError, OSError):  # not settable here (an embedded interpreter)
+        return None
+    return previous, received
+
+
+def _release_interrupts(held) -> None:
+    if held is None:
+        return
+    previous, received = held
+    _signal.signal(_SIGINT, previous)
+    if received:
+        if callable(previous):
+            previous(_SIGINT, received[0])
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt

@@ -46,10 +46,16 @@ def _flag(name: str, value: Any, where: str) -> None:
         raise ValueError(f"{name}{where} must be True or False, got {value!r}")
 
 
+# The smallest magnitude that rounds to inf in float32: 2**128 - 2**103.
+_F32_OVERFLOW = 3.4028235677973366e38
+
+
 def validate_lr(lr: Any, where: str = "") -> None:
     """lr: a real >= 0, or a one-element floating-point tensor (as torch.optim takes). A tensor
     outside host memory is not read here (no synchronisation): its value is checked on the
     device by the step (optimizer/_step.py)."""
+    if type(lr) is float and 0.0 <= lr < _F32_OVERFLOW:  # the common case, checked every step
+        return
     if isinstance(lr, torch.Tensor):
         if lr.numel() != 1 or not lr.is_floating_point():
             raise ValueError(

@@ -125,8 +125,19 @@ _PROFILER_ENABLED = getattr(getattr(torch._C, "_autograd", None), "_profiler_ena
 _DATA_PTR = torch.Tensor.data_ptr
 _NUMEL = torch.Tensor.numel
 _IS_CONTIGUOUS = torch.Tensor.is_contiguous
+_STRIDE = torch.Tensor.stride
 _DTYPE = operator.attrgetter("dtype")
 _GRAD = operator.attrgetter("grad")
+
+
+def _layout_key(params: List[torch.Tensor], strided: bool) -> tuple:
+    """What a step checks of its parameters' layout besides their addresses (a p.data swapped
+    for another view of the same storage): element counts and contiguity, and the strides
+    where some are not contiguous. (A dtype seen through a new view shows in the gradients'
+    dtype, which torch keeps equal to the parameter's and the plan checks.)"""
+    if strided:
+        return tuple(map(_NUMEL, params)), tuple(map(_STRIDE, params))
+    return tuple(map(_NUMEL, params)), all(map(_IS_CONTIGUOUS, params))
 
 
 class _Plan:
@@ -157,8 +168,7 @@ class _Plan:
             g.param_ptrs = tuple(map(_DATA_PTR, g.params))
             local = [local_tensor(p) for p in owners] if sharded else owners
             self.owner_ptrs.append(tuple(map(_DATA_PTR, local)))
-            self.owner_shapes.append((tuple(map(_NUMEL, local)), tuple(map(_IS_CONTIGUOUS, local)),
-                                      frozenset(map(_DTYPE, local))))
+            self.owner_shapes.append(_layout_key(local, g.modes is not None))
 
     def release_grads(self) -> None:
         """Drops this step's gradients (and their addresses): none is kept alive between steps."""
@@ -386,8 +396,7 @@ class LuminaMoon(torch.optim.Optimizer):
                 if plan.sharded:
                     grads = [local_tensor(g) for g in grads]
                 if (tuple(map(_DATA_PTR, local)) != plan.owner_ptrs[i]
-                        or (tuple(map(_NUMEL, local)), tuple(map(_IS_CONTIGUOUS, local)),
-                            frozenset(map(_DTYPE, local))) != plan.owner_shapes[i]):
+                        or _layout_key(local, launch.modes is not None) != plan.owner_shapes[i]):
                     return False
                 if launch.modes is not None:
                     grads = launch_grads(launch, grads, owners)
