@@ -247,9 +247,10 @@ def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: f
             [py, "-m", "luminamoon", "aot", "verify", bundle],
             [luminav, "verify", bundle],
         ]
-        if keep_bundles is not None:  # the whole default bundle, for the GPU run
-            cli[0] = [py, "-m", "luminamoon", "aot", "build", "--arch", "80,90", "--out",
-                      bundle, "--jobs", "2", "--quiet"]
+        if keep_bundles is not None:  # kept for the GPU run: bf16 storage (SR) variants too
+            cli[0] = [py, "-m", "luminamoon", "aot", "build", "--arch", "90", "--out", bundle,
+                      "--dtypes", "fp32:fp32:fp32,bf16:bf16:fp32,bf16:bf16:bf16", "--jobs", "2",
+                      "--quiet"]
         for cmd in cli:
             rc = _run(cmd, timeout=deadline - time.monotonic(), env=test_env, log=log, cwd=work)
             if rc != 0:
@@ -386,8 +387,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--timeout", type=float, default=600,
                     help="seconds allowed per pair: install and tests (default 600)")
     ap.add_argument("--keep-bundles", type=Path, default=None,
-                    help="build each Triton's whole default bundle (sm_80, sm_90) and keep it "
-                    "under this folder as triton-<version>/ (for the GPU run)")
+                    help="keep each Triton's bundle (sm_90; fp32 and bf16 storage) under this "
+                    "folder as triton-<version>/ (for the GPU run)")
     ap.add_argument("--readme", type=Path, default=None,
                     help="only rewrite the README's compatibility table from this summary.json")
     args = ap.parse_args(argv)
