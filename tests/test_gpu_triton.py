@@ -278,3 +278,94 @@ def test_compiled_bf16_round_to_nearest_is_torchs_rounding_bitwise():
         f"{diff.numel()} values round differently, first input bits "
         f"{int(x.view(torch.int32)[diff[0]]) & 0xFFFFFFFF:#010x}: "
         f"{int(bits(y)[diff[0]]):#06x} vs torch {int(bits(expected)[diff[0]]):#06x}")
+
+
+# ------------------------------------------------------------------------------------------
+# the torch.optim contract on the GPU backends (tests/test_torch_contract.py runs it on CPU)
+# ------------------------------------------------------------------------------------------
+def _gpu_backends():
+    from conftest import native_available
+
+    return ["triton"] + (["aot"] if native_available() else [])
+
+
+def _opt(params, backend, request, **kw):
+    from luminamoon import LuminaMoon
+
+    extra = dict(aot_bundle=request.getfixturevalue("aot_bundle")) if backend == "aot" else {}
+    return LuminaMoon(params, backend=backend, **extra, **kw)
+
+
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_grad_scaler_step_has_no_host_sync_and_equals_unscale_then_step(backend, request):
+    from luminamoon import LuminaMoon
+
+    class UnscaleThenStep(LuminaMoon):
+        _step_supports_amp_scaling = False
+
+    results = []
+    for cls in (LuminaMoon, UnscaleThenStep):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 32).cuda()
+        if cls is LuminaMoon:
+            opt = _opt(model.parameters(), backend, request, lr=1e-2, seed=3, clip=1.0)
+        else:
+            extra = dict(aot_bundle=request.getfixturevalue("aot_bundle")) if backend == "aot" else {}
+            opt = cls(model.parameters(), backend=backend, lr=1e-2, seed=3, clip=1.0, **extra)
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 12)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        for step in range(4):
+            x = torch.randn(8, 64, device="cuda", generator=gen)
+            opt.zero_grad()
+            scaler.scale(model(x).pow(2).mean()).backward()
+            if step == 2:
+                model.weight.grad[0, 0] = float("inf")
+            if cls is LuminaMoon and step >= 1:  # past the first step's plan and compile
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    scaler.step(opt)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            else:
+                scaler.step(opt)
+            scaler.update()
+        results.append(([p.detach().clone() for p in model.parameters()], int(opt.skipped_steps)))
+    (ours, skipped), (theirs, _) = results
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs)) and skipped == 1
+
+
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_channels_last_and_strided_parameters_on_the_gpu(backend, request):
+    torch.manual_seed(4)
+    conv = torch.nn.Conv2d(3, 16, 3).cuda()
+    plain = torch.nn.Conv2d(3, 16, 3).cuda()
+    plain.load_state_dict(conv.state_dict())
+    conv = conv.to(memory_format=torch.channels_last)
+    opts = [_opt(m.parameters(), backend, request, lr=1e-2, seed=2, clip=0.0) for m in (conv, plain)]
+    x = torch.randn(2, 3, 11, 11, device="cuda")
+    for _ in range(3):
+        for m, o in zip((conv, plain), opts):
+            o.zero_grad()
+            m(x.to(memory_format=torch.channels_last) if m is conv else x).sum().backward()
+            o.step()
+    assert torch.equal(conv.weight.detach().contiguous(), plain.weight.detach())
+
+
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_a_compiled_training_step_calling_step_matches_eager_on_the_gpu(backend, request):
+    out = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh()).cuda()
+        opt = _opt(model.parameters(), backend, request, lr=1e-2, seed=7)
+
+        def step(x):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+
+        fn = torch.compile(step, backend="eager") if compiled else step
+        for k in range(3):
+            fn(torch.full((4, 16), 0.1 * (k + 1), device="cuda"))
+        out.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*out))

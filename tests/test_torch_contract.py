@@ -464,3 +464,41 @@ def test_a_keyboard_interrupt_during_the_launches_waits_for_the_step_to_be_whole
     assert len(calls) == 2
     opt.step()
     assert [int(opt.state[p]["step"]) for p in model.parameters()] == [2, 2, 2, 2]
+
+
+# ------------------------------------------------------------------------------------------
+# torch.amp.GradScaler
+# ------------------------------------------------------------------------------------------
+class _UnscaleThenStep(LuminaMoon):
+    """The path torch takes with an optimizer that does not take the scaler's tensors:
+    scaler.unscale_, a host check of found_inf, then a plain step."""
+
+    _step_supports_amp_scaling = False
+
+
+def _scaled_training(cls, backend, poisoned, steps=4):
+    model = _model()
+    opt = cls(model.parameters(), lr=1e-2, seed=5, backend=backend, clip=1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        x = torch.randn(4, 5, generator=gen)
+        opt.zero_grad()
+        scaler.scale(model(x).pow(2).mean()).backward()
+        if step in poisoned:  # an overflow in the scaled gradients, as a too large scale gives
+            next(model.parameters()).grad.view(-1)[3] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+    return model, opt, scaler
+
+
+@pytest.mark.parametrize("poisoned", [(), (1,)], ids=["finite", "overflow"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grad_scaler_takes_the_scale_into_the_step_and_equals_unscale_then_step(backend, poisoned):
+    ours, opt, scaler = _scaled_training(LuminaMoon, backend, poisoned)
+    theirs, opt2, scaler2 = _scaled_training(_UnscaleThenStep, backend, poisoned)
+    assert _same_params(ours, theirs)
+    assert scaler.get_scale() == scaler2.get_scale()
+    steps = [int(s["step"]) for s in opt.state.values()]
+    assert steps == [int(s["step"]) for s in opt2.state.values()] == [4 - len(poisoned)] * 4
+    assert int(opt.skipped_steps) == len(poisoned)  # skipped on the device, counted

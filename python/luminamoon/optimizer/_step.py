@@ -106,7 +106,9 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
                       scratch: Dict[torch.device, torch.Tensor],
                       skipped: Optional[torch.Tensor] = None,
                       describe: Callable[[int], str] = lambda k: f"parameter {k}",
-                      decision: Optional[torch.Tensor] = None) -> None:
+                      decision: Optional[torch.Tensor] = None,
+                      amp: Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None
+                      ) -> None:
     """One step over ``groups``: raise check, pass 1, reduce, pass 2, commit.
 
     ``flags``: per device, the int32 0-dim ``found_inf`` of the groups with nonfinite="skip",
@@ -114,7 +116,9 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
     device, the flag given to pass 1 of the other groups, whose non-finite gradients must not
     skip anyone else's step. ``skipped``: an int64 0-dim counter, += the step's skip decision.
     ``decision``: an int32 0-dim tensor that receives the skip decision (the functional form's
-    ``found_inf``); left alone when no group skips.
+    ``found_inf``); left alone when no group skips. ``amp``: a GradScaler's (grad_scale,
+    found_inf) for this step: the gradients are unscaled first (torch's own unscale, one
+    multi-tensor launch per device) and the scaler's found_inf raises the skip flags.
     """
     _raise_on_nonfinite(groups, describe)
 
@@ -137,11 +141,36 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
         for flag in scratch.values():
             flag.zero_()
     try:
+        if amp is not None:
+            _apply_grad_scaler(groups, amp, flag_for)
         _launch_step(groups, backends, flags, skip_devices, flag_for, skipped, decision)
     except BaseException:
         for device in skip_devices:  # what the failed step raised must not skip the next one
             flags[device].zero_()
         raise
+
+
+def _apply_grad_scaler(groups: Sequence[LaunchGroup], amp, flag_for) -> None:
+    """A GradScaler's step: unscale every group's gradients by 1 / grad_scale (where the scaler
+    has not unscaled them already) and raise the skip flags where it found infs; on the
+    device, in stream order (the same arithmetic as the scaler's own unscale_)."""
+    grad_scale, found_inf = amp
+    by_device: Dict[torch.device, List[torch.Tensor]] = {}
+    for group in groups:
+        by_device.setdefault(group.device, []).extend(group.grads)
+    for device, grads in by_device.items():
+        with _get_device_context(device):
+            if grad_scale is not None:
+                inv = grad_scale.double().reciprocal().float().to(device)
+                seen = torch.zeros(1, dtype=torch.float32, device=device)
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, seen, inv)
+            if found_inf is not None:
+                raised = (found_inf.to(device) > 0).reshape(())
+                for group in groups:
+                    if group.device == device:
+                        flag = flag_for(group)
+                        flag.copy_(torch.maximum(flag, raised.to(flag.dtype)))
+                        break
 
 
 def _launch_step(groups: Sequence[LaunchGroup], backends: Sequence[Backend],

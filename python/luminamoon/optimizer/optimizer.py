@@ -7,6 +7,7 @@ The state dict's checks live in optimizer/_state_dict.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import operator
@@ -209,7 +210,16 @@ class LuminaMoon(torch.optim.Optimizer):
 
     ``optimizer.skipped_steps`` is a 0-dim int64 tensor on the first parameter's device
     counting the steps skipped for non-finite gradients (read it without a host sync).
+
+    With torch.amp.GradScaler, ``scaler.step(optimizer)`` hands the step its scale and its
+    found-inf tensor (``_step_supports_amp_scaling``, as torch's fused AdamW): the gradients
+    are unscaled on the device by torch's own multi-tensor unscale, and the scaler's verdict
+    joins the skip decision on the device; no host synchronisation. While a scaler drives the
+    step, every param group skips a step the scaler found non-finite, whatever its
+    ``nonfinite`` (the scaler then lowers its scale: that is its contract).
     """
+
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  clip=4.0, bound_mode="none", bound=1.0, maximize=False, nonfinite="skip",
@@ -418,7 +428,7 @@ class LuminaMoon(torch.optim.Optimizer):
             self._dtensor_census = cached
         return cached[1]
 
-    def _build_plan(self) -> _Plan:
+    def _build_plan(self, amp: bool = False) -> _Plan:
         # 1. Validate everything before touching any state.
         for gi, group in enumerate(self.param_groups):
             validate_hyperparameters(group, where=f" (param group {gi})")
@@ -453,7 +463,10 @@ class LuminaMoon(torch.optim.Optimizer):
                     refs.append(TensorRef(p, p.grad, state["exp_avg"], state["exp_avg_sq"],
                                           state.get("p_init"), state["step"], index,
                                           f"parameter {index} (param group {gi}, index {j})"))
-                for launch, owners in group_tensors(refs, hyper=make_hyper(group),
+                hyper = make_hyper(group)
+                if amp:  # a GradScaler decides non-finite steps: skip them on the device
+                    hyper = dataclasses.replace(hyper, nonfinite="skip")
+                for launch, owners in group_tensors(refs, hyper=hyper,
                                                     state_dtype=group["state_dtype"],
                                                     lr=group["lr"], seed=self._seed):
                     groups.append(launch)
@@ -469,14 +482,16 @@ class LuminaMoon(torch.optim.Optimizer):
         param_lists = [(g["params"], tuple(g["params"])) for g in self.param_groups]
         keys = [_plan_key(g) for g in self.param_groups]
         without_grad = [p for g in self.param_groups for p in g["params"] if p.grad is None]
-        return _Plan(groups, backends, lr_sources, sources, param_lists, keys, without_grad,
+        plan = _Plan(groups, backends, lr_sources, sources, param_lists, keys, without_grad,
                      self._has_dtensor())
+        plan.amp = amp
+        return plan
 
-    def _current_plan(self) -> _Plan:
+    def _current_plan(self, amp: bool = False) -> _Plan:
         plan = self._plan
-        if plan is None or not self._take_grads(plan):
+        if plan is None or plan.amp != amp or not self._take_grads(plan):
             self._plan = None
-            plan = self._build_plan()
+            plan = self._build_plan(amp)
             if not self._take_grads(plan):
                 raise RuntimeError("the step's plan does not describe the parameters it was "
                                    "built from")
@@ -528,13 +543,18 @@ class LuminaMoon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        plan = self._current_plan()
+        # torch.amp.GradScaler (through _step_supports_amp_scaling) sets these two for the step
+        grad_scale = self.__dict__.get("grad_scale")
+        found_inf = self.__dict__.get("found_inf")
+        amp = grad_scale is not None or found_inf is not None
+        plan = self._current_plan(amp)
         if not plan.groups:
             return loss
         try:
             run_launch_groups(plan.groups, plan.backends, flags=self._flags,
                               scratch=self._scratch, skipped=self.skipped_steps,
-                              describe=self._describe_flat)
+                              describe=self._describe_flat,
+                              amp=(grad_scale, found_inf) if amp else None)
         finally:
             plan.release_grads()
         return loss
