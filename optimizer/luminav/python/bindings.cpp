@@ -157,6 +157,7 @@ NB_MODULE(_luminav, m) {
       .def("pass2", &CpuGroup::pass2, "lr"_a, "stats"_a, "found_inf"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("commit", &CpuGroup::commit, "found_inf"_a)
       .def("first_nonfinite", &CpuGroup::first_nonfinite, nb::call_guard<nb::gil_scoped_release>())
+      .def("set_grads", &CpuGroup::set_grads, "grads"_a)
       .def("__len__", &CpuGroup::size)
       .def_prop_ro("num_threads", &CpuGroup::num_threads);
 

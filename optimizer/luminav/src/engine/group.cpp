@@ -111,6 +111,19 @@ void CpuGroup::commit(std::uintptr_t found_inf) {
 
 std::int64_t CpuGroup::first_nonfinite() { return cpu::first_nonfinite(cfg_, rows_.data(), rows_.size(), *pool_); }
 
+void CpuGroup::set_grads(const std::vector<std::uintptr_t>& grads) {
+  if (grads.size() != rows_.size()) {
+    throw Error(Status::kInvalidArgument, "set_grads: " + std::to_string(grads.size()) + " addresses for " +
+                                              std::to_string(rows_.size()) + " rows; give one per row");
+  }
+  for (std::size_t j = 0; j < grads.size(); ++j) {
+    if (grads[j] == 0 && rows_[j].numel > 0) {
+      throw Error(Status::kInvalidArgument, "set_grads: row " + std::to_string(j) + ": the grad address is 0");
+    }
+  }
+  for (std::size_t j = 0; j < grads.size(); ++j) rows_[j].grad = reinterpret_cast<const void*>(grads[j]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // AotGroup
 

@@ -53,6 +53,10 @@ class CpuGroup {
   void commit(std::uintptr_t found_inf);
   // Index of the first row with a non-finite gradient element, or -1.
   std::int64_t first_nonfinite();
+  // New gradient addresses, one per row (a step whose gradients are new tensors); the rest of
+  // every row stays. Throws Error(kInvalidArgument) for another count, or an address 0 where
+  // the row has elements.
+  void set_grads(const std::vector<std::uintptr_t>& grads);
 
   const GroupConfig& config() const { return cfg_; }
   std::size_t size() const { return rows_.size(); }

@@ -8,6 +8,7 @@ and nothing else happens: no device probing, no bundle loading (that waits for t
 """
 from __future__ import annotations
 
+import operator
 import os
 from typing import List, Optional, Tuple
 
@@ -64,10 +65,6 @@ def _rows(group: LaunchGroup) -> List[tuple]:
     return rows
 
 
-def _cache_key(group: LaunchGroup, rows: List[tuple]) -> tuple:
-    return (tuple(rows), int(group.seed), group.hyper)
-
-
 def _lr_value(lr) -> float:
     if isinstance(lr, torch.Tensor):
         return float(lr.item())  # a CPU tensor: no device synchronisation
@@ -90,25 +87,39 @@ class CpuBackend(Backend):
                 and group.state_dtype in (torch.float32, torch.bfloat16))
 
     def _native(self, group: LaunchGroup):
-        if not self.supports(group):
-            raise ValueError(
-                f"cpu backend: group on {group.device} with param {group.param_dtype}, grad "
-                f"{group.grad_dtype}, state {group.state_dtype} is not supported; it needs CPU "
-                "tensors of float32/bfloat16/float16 and float32/bfloat16 states")
-        rows = _rows(group)
-        key = _cache_key(group, rows)
-        cached = group.cache.get(_CPU_CACHE)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        check_group_tensors(group, "cpu")
-        native = _luminav.CpuGroup(_group_config(group), rows, self.num_threads)
-        group.cache[_CPU_CACHE] = (key, native)
-        return native
+        """The group's C++ CpuGroup, built once per launch group (params, states and counters
+        keep their storage for its life: the optimizer makes a new group when one moves) and
+        told new gradient addresses once a step, when they changed."""
+        st = group.cache.get(_CPU_CACHE)
+        if st is None or not st.matches(group):
+            if not self.supports(group):
+                raise ValueError(
+                    f"cpu backend: group on {group.device} with param {group.param_dtype}, grad "
+                    f"{group.grad_dtype}, state {group.state_dtype} is not supported; it needs "
+                    "CPU tensors of float32/bfloat16/float16 and float32/bfloat16 states")
+            check_group_tensors(group, "cpu")
+            rows = _rows(group)
+            st = _CpuState(group, rows, _luminav.CpuGroup(_group_config(group), rows,
+                                                          self.num_threads))
+            group.cache[_CPU_CACHE] = st
+        elif group.grads is not st.seen:  # the step's first pass: its gradients
+            grad_ptrs = group.grad_ptrs
+            if grad_ptrs is None or len(grad_ptrs) != len(group.grads):
+                grad_ptrs = tuple(map(_DATA_PTR, group.grads))
+            if grad_ptrs != st.grad_ptrs:
+                if (tuple(map(_NUMEL, group.grads)) != st.numels
+                        or set(map(_DTYPE, group.grads)) != {group.grad_dtype}
+                        or not all(map(_IS_CONTIGUOUS, group.grads))):
+                    check_group_tensors(group, "cpu")  # raises, naming the gradient
+                st.native.set_grads(list(grad_ptrs))
+                st.grad_ptrs = grad_ptrs
+        st.seen = group.grads
+        return st.native
 
     def pass1(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
         native = self._native(group)
         _check_flag(found_inf, "cpu")
-        stats = torch.zeros(len(group), dtype=torch.float32)
+        stats = group.cache[_CPU_CACHE].stats  # every entry written by the pass
         native.pass1(stats.data_ptr(), found_inf.data_ptr())
         group.stats = stats
 
@@ -127,6 +138,39 @@ class CpuBackend(Backend):
         native = self._native(group)
         _check_flag(found_inf, "cpu")
         native.commit(found_inf.data_ptr())
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+_NUMEL = torch.Tensor.numel
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+_DTYPE = operator.attrgetter("dtype")
+
+
+class _CpuState:
+    """What CpuBackend keeps for one LaunchGroup (``group.cache["cpu"]``)."""
+
+    __slots__ = ("lists", "param_ptrs", "grad_ptrs", "numels", "hyper", "seed", "native",
+                 "stats", "seen")
+
+    def __init__(self, group: LaunchGroup, rows: List[tuple], native) -> None:
+        self.lists = (group.params, group.exp_avgs, group.exp_avg_sqs, group.steps,
+                      group.p_inits)
+        self.param_ptrs = tuple(r[0] for r in rows)
+        self.grad_ptrs = tuple(r[1] for r in rows)
+        self.numels = tuple(r[6] for r in rows)
+        self.hyper, self.seed = group.hyper, int(group.seed)
+        self.native = native
+        self.stats = torch.zeros(max(len(rows), 1), dtype=torch.float32)[:len(rows)]
+        self.seen = group.grads
+
+    def matches(self, group: LaunchGroup) -> bool:
+        lists = self.lists
+        return (group.params is lists[0] and group.exp_avgs is lists[1]
+                and group.exp_avg_sqs is lists[2] and group.steps is lists[3]
+                and group.p_inits is lists[4] and group.hyper == self.hyper
+                and int(group.seed) == self.seed
+                and (group.param_ptrs if group.param_ptrs is not None
+                     else tuple(map(_DATA_PTR, group.params))) == self.param_ptrs)
 
 
 def _check_flag(found_inf: torch.Tensor, backend: str) -> None:
