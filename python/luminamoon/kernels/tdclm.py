@@ -464,7 +464,7 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
     MIXED: tl.constexpr = NEED_SUM and ((G_DTYPE == 0) != (S_DTYPE == 0))
     # the moments' rounding words matter only with bf16 moments and a sum to take
-    TILE: tl.constexpr = SR and NEED_SUM and S_DTYPE == 1
+    TILE: tl.constexpr = (SR and NEED_SUM) and (S_DTYPE == 1)
     if MIXED:
         start, offs = _block_offsets(pid, block_start, BLOCK, 4, TILE)
     elif TILE:
