@@ -68,6 +68,11 @@ class LaunchGroup:
     # combined over those); both sorted, empty for plain tensors.
     reduce_dims: tuple = ()
     mesh_dims: tuple = ()
+    # Shards whose local elements are not one run of global indices (a Shard(1) of tensor
+    # parallelism) when stochastic rounding draws words for them: each tensor's
+    # ShardLayout.index_map (None for a tensor that is one run); None when no tensor has one.
+    # Only the reference backend keys rounding words on such a map.
+    index_maps: Optional[List[Optional[tuple]]] = None
     # Filled by pass 1 (float32 [ntensors] on `device`): S_j = sum of u*u over tensor j.
     stats: Optional[torch.Tensor] = None
     # The data_ptr() of every param and grad when the caller vouches for them (the optimizer
@@ -122,7 +127,11 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
     for t in tensors:
         layout = shard_layout(t.param, t.name)
         local = local_tensor(t.param)
-        key = (local.device, t.param.dtype, t.grad.dtype, layout.reduce_dims, layout.mesh_dims)
+        # an index map matters only where stochastic rounding draws words (bf16 storage)
+        sr = hyper.stochastic_rounding and torch.bfloat16 in (t.param.dtype, state_dtype)
+        index_map = layout.index_map if sr else None
+        key = (local.device, t.param.dtype, t.grad.dtype, layout.reduce_dims, layout.mesh_dims,
+               index_map is not None)
         entry = buckets.get(key)
         if entry is None:
             group = LaunchGroup(
@@ -154,6 +163,10 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
         group.param_indices.append(int(t.index))
         group.elem_offsets.append(layout.elem_offset)
         group.global_numels.append(layout.global_numel)
+        if index_map is not None:
+            if group.index_maps is None:
+                group.index_maps = []
+            group.index_maps.append(index_map)
         owners.append(t.param)
     return list(buckets.values())
 

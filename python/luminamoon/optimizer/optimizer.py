@@ -296,7 +296,10 @@ class LuminaMoon(torch.optim.Optimizer):
         offset = sum(len(g["params"]) for g in self.param_groups)
         for j, p in enumerate(tensors):
             if isinstance(p, torch.Tensor):  # (anything else: torch's TypeError below)
-                check_param(p, f"parameter {offset + j} (param group {index}, index {j})")
+                name = f"parameter {offset + j} (param group {index}, index {j})"
+                check_param(p, name)
+                if is_dtensor(p):
+                    shard_layout(p, name)  # a placement it cannot step: refused now
         super().add_param_group(group)
         added = self.param_groups[-1]
         added.update(seed=self._seed, skipped_steps=self.skipped_steps,

@@ -128,6 +128,15 @@ def select_backend(choice, group: LaunchGroup, *, aot_bundle=None) -> Backend:
         backend = choice
     else:
         backend = get_backend(choice, group.device, aot_bundle=aot_bundle)
+    if group.index_maps is not None and not backend.index_maps:
+        if choice == "auto":
+            return _instance("reference")
+        raise ValueError(
+            f"backend {backend.name!r} cannot step {_describe(group)}: they are DTensor shards "
+            f"whose local elements are not one run of the whole tensor's indices (e.g. "
+            f"Shard(1)), and stochastic rounding keys each stored value on its global index, "
+            f"which only the reference backend maps. Fix: backend='auto' or 'reference' for "
+            f"them, stochastic_rounding=False, or shard them on dim 0")
     if backend.supports(group):
         return backend
     if choice == "auto":

@@ -18,6 +18,9 @@ from .._groups import LaunchGroup
 
 class Backend:
     name = "abstract"
+    # Whether the backend keys rounding words on LaunchGroup.index_maps (shards that are not one
+    # run of global indices); the others step a group only where it has none.
+    index_maps = False
 
     def supports(self, group: LaunchGroup) -> bool:  # pragma: no cover - interface
         raise NotImplementedError

@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import rng
+from .._dtensor import global_indices
 from .._groups import LaunchGroup
 from .base import Backend
 
@@ -127,6 +128,10 @@ class _TensorStep:
     # -- random words -------------------------------------------------------------------
     def words(self, stream: int) -> torch.Tensor:
         """R16 of this tensor's elements for ``stream`` (format 2: one Philox per eight)."""
+        maps = self.group.index_maps
+        if maps is not None:  # a shard that is not one run of global indices (Shard(1))
+            index = global_indices(maps[self.j], self.param.device)
+            return rng.random_words(self.group.seed, self.t, self.k, index, stream)
         if self._key is None:
             self._key = rng.rounding_seed_words(self.group.seed, self.t, self.k)
         return rng.stream_words(self._key, self.offset, self.numel, stream, self.param.device)
@@ -164,6 +169,7 @@ class ReferenceBackend(Backend):
     """TDCLM with torch ops on any device and any floating-point parameter dtype."""
 
     name = "reference"
+    index_maps = True
 
     def supports(self, group: LaunchGroup) -> bool:
         return (group.param_dtype.is_floating_point and group.grad_dtype.is_floating_point
