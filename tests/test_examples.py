@@ -223,15 +223,47 @@ def test_compiled_module_matches_eager_bitwise():
     assert module["skipped"] == 0
 
 
+_INDUCTOR_RUN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import compiled_model
+result = compiled_model.main(json.loads(sys.argv[2]))
+runs = result["runs"]
+print("RESULT " + json.dumps({m: dict(losses=r.get("losses"), error=repr(r.get("error")),
+                                      diff=r.get("max_loss_diff")) for m, r in runs.items()}))
+"""
+
+
+def _inductor_run(optimizer: str):
+    """eager vs inductor-compiled module in a fresh process: the kernels inductor builds may
+    set the CPU's flush-to-zero mode for the whole process (torch 2.4/2.5), which must not
+    reach the tests that follow."""
+    import json
+    import subprocess
+
+    argv = COMPILE_TINY + ["--backend", "inductor", "--modes", "eager,module", "--steps", "4",
+                           "--optimizer", optimizer]
+    proc = subprocess.run([sys.executable, "-c", _INDUCTOR_RUN, str(EXAMPLES), json.dumps(argv)],
+                          capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def test_compiled_module_inductor_close_to_eager():
-    """inductor's generated kernels order float arithmetic differently: close, not bitwise."""
-    compiled_model = _compiled_model()
-    result = compiled_model.main(COMPILE_TINY + ["--backend", "inductor",
-                                                 "--modes", "eager,module", "--steps", "4"])
-    eager, module = _runs(result)["eager"], _runs(result)["module"]
+    """inductor's generated kernels order float arithmetic differently: close, not bitwise.
+    How close depends on torch's inductor (torch 2.5.1's moves torch's own AdamW by 6.5e-3 on
+    this run): LuminaMoon's run may move no further than 1e-3, or than half again as far as
+    AdamW's does."""
+    runs = _inductor_run("luminamoon")
+    module = runs["module"]
+    assert module["losses"] is not None, module["error"]
     falls, means = _falls(module["losses"], n=2)
     assert falls, means
-    assert module["max_loss_diff"] < 1e-3, (module["losses"], eager["losses"])
+    if module["diff"] >= 1e-3:
+        adamw = _inductor_run("adamw")["module"]
+        assert adamw["diff"] is not None, adamw["error"]
+        assert module["diff"] <= 1.5 * adamw["diff"], (module, adamw)
 
 
 def test_compiled_train_step_calling_opt_step_matches_eager():

@@ -421,7 +421,12 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
         ok = _step_applies(found_inf, offs)
     else:
         ok = tl.full(offs.shape, 1, tl.int1)
-    if SR and (elem_offset & 7) != 0:
+    # a shard that starts inside a group of eight matters only to rounding words (the offset
+    # is looked at only then; a constexpr-and-tensor test is refused by Triton 3.0/3.1)
+    misaligned = 0
+    if SR:
+        misaligned = elem_offset & 7
+    if misaligned != 0:
         # a shard that starts inside a group of eight: two Philox calls a row, masked accesses
         mask = (offs < numel) & ok
         _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
@@ -475,7 +480,10 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
     g0 = elem_offset + start  # the global flat index of the block's first element
-    if TILE and (elem_offset & 7) != 0:
+    misaligned = 0  # (as in pass 2: only where rounding words are drawn)
+    if TILE:
+        misaligned = elem_offset & 7
+    if misaligned != 0:
         mask = offs < numel
         s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
                                  seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,

@@ -1,0 +1,107 @@
+"""LuminaMoon under torch's own data-parallel wrappers, on two CPU ranks over gloo:
+DistributedDataParallel (plain tensors, gradients averaged by DDP: LuminaMoon needs nothing
+else) and FSDP2's fully_shard (DTensor parameters sharded on dim 0). Each rank records the
+gradients the wrapper handed the optimizer; replayed into one unsharded single-process
+LuminaMoon they give bitwise the parameters the ranks ended with."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import bits, spawn_ranks
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+WORLD = 2
+STEPS = 3
+HYPER = dict(lr=1e-2, clip=0.0, bound_mode="abs", bound=0.1, seed=99)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(9, 13), torch.nn.Tanh(), torch.nn.Linear(13, 5))
+
+
+def _batch(rank, step):
+    gen = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(6, 9, generator=gen)
+
+
+def _whole(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _train(rank, wrap, out_path):
+    from luminamoon import LuminaMoon
+
+    model = wrap(_model())
+    opt = LuminaMoon(model.parameters(), **HYPER)
+    grads = []
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        model(_batch(rank, step)).square().mean().backward()
+        grads.append([_whole(p.grad).clone() for p in model.parameters()])
+        opt.step()
+    params = [_whole(p.detach()).clone() for p in model.parameters()]
+    if rank == 0:
+        torch.save({"grads": grads, "params": params}, out_path)
+    gathered = [None] * WORLD
+    dist.all_gather_object(gathered, [bits(p).sum().item() for p in params])
+    assert all(g == gathered[0] for g in gathered), "the ranks' parameters differ"
+
+
+def _ddp_worker(rank, out_path):
+    from torch.nn.parallel import DistributedDataParallel
+
+    _train(rank, DistributedDataParallel, out_path)
+
+
+def _fsdp_worker(rank, out_path):
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+
+    def wrap(model):
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    _train(rank, wrap, out_path)
+
+
+def _replay(recorded):
+    from luminamoon import LuminaMoon
+
+    model = _model()
+    opt = LuminaMoon(model.parameters(), **HYPER)
+    for grads in recorded["grads"]:
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_wrapper_steps_equal_the_unsharded_replay(wrapper, tmp_path):
+    if wrapper == "fsdp2":
+        try:
+            from torch.distributed.fsdp import fully_shard  # noqa: F401
+        except ImportError:
+            pytest.importorskip("torch.distributed._composable.fsdp")
+    out = str(tmp_path / "out.pt")
+    worker = _ddp_worker if wrapper == "ddp" else _fsdp_worker
+    spawn_ranks(worker, WORLD, str(tmp_path), out)
+    recorded = torch.load(out)
+    for got, want in zip(recorded["params"], _replay(recorded)):
+        assert torch.equal(bits(got), bits(want))
+    # and the model did train: the gradients changed the parameters
+    start = [p.detach() for p in _model().parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(start, recorded["params"]))
