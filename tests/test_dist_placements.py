@@ -43,6 +43,8 @@ PLACEMENTS_2D = {
     "tp-only": ("R", "S1"),
     "S1-S0": ("S1", "S0"),
 }
+# (FSDP2 over a tensor-parallel Shard(0) gives _StridedShard, which distribute_tensor does not
+# make: test_dist_wrappers.py steps it through fully_shard over parallelize_module)
 
 
 def _placements(names):
@@ -51,6 +53,10 @@ def _placements(names):
     for n in names:
         out.append(Replicate() if n == "R" else Shard(int(n[1:])))
     return out
+
+
+def _dim(name: str) -> int:
+    return int(name[1:])
 
 
 def _data(shape, dtype, nan_at):
@@ -90,7 +96,7 @@ def _worker(rank, mesh_shape, placements, out_path):
     results = {}
     for pname, names in placements.items():
         for shape_name, shape in SHAPES.items():
-            if any(n[0] == "S" and int(n[1:]) >= len(shape) for n in names):
+            if any(n[0] == "S" and _dim(n) >= len(shape) for n in names):
                 continue
             pl = _placements(names)
             for cname, c in CONFIGS.items():
@@ -185,7 +191,7 @@ def _cases(placements):
     out = []
     for pname, names in placements.items():
         for shape_name, shape in SHAPES.items():
-            if any(n[0] == "S" and int(n[1:]) >= len(shape) for n in names):
+            if any(n[0] == "S" and _dim(n) >= len(shape) for n in names):
                 continue
             for cname in CONFIGS:
                 out.append((pname, shape_name, cname))

@@ -146,7 +146,10 @@ def shard_layout(p: torch.Tensor, name: str) -> ShardLayout:
     for d, placement in enumerate(p.placements):
         if placement.is_replicate():
             continue
-        if placement.is_shard():
+        # Shard(d), and FSDP2's _StridedShard over a tensor-parallel Shard (is_shard() is False
+        # for it in some releases; its local elements are still one box of the tensor)
+        if placement.is_shard() or (not placement.is_partial()
+                                    and isinstance(getattr(placement, "dim", None), int)):
             shard_dims.append(d)
             continue
         raise ValueError(
