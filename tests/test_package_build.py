@@ -30,3 +30,17 @@ def test_import_has_no_side_effects():
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False", "False"]
+
+
+@pytest.mark.skipif(not REQUIRE_NATIVE, reason="set LUMINAMOON_REQUIRE_NATIVE=1 to require the "
+                                               "installed package (make test does)")
+def test_pip_install_puts_luminav_on_the_path():
+    """`pip install .` installs the luminav CLI beside this interpreter (the scripts folder)."""
+    import shutil
+
+    import luminamoon
+
+    exe = shutil.which("luminav", path=os.path.dirname(sys.executable))
+    assert exe is not None, f"no luminav in {os.path.dirname(sys.executable)}"
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith(f"luminav {luminamoon.__version__}")
