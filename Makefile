@@ -6,6 +6,9 @@ VPY := $(abspath $(VENV))/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.6.0
 JOBS ?= $(shell nproc)
+# The wheel's build (pip install .: its default bundle, its C++) and the tests' fresh CMake
+# builds use as many processes.
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(JOBS)
 BUILD ?= build/cpp
 ASAN_BUILD ?= build/cpp-asan
 
@@ -21,7 +24,7 @@ $(VENV)/.deps-stamp: scripts/install-system-deps.sh pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" numpy scikit-build-core nanobind \
-	    pytest pytest-timeout hypothesis scikit-learn tqdm matplotlib \
+	    pytest pytest-timeout hypothesis build scikit-learn tqdm matplotlib \
 	    transformers accelerate lightning
 	touch $@
 

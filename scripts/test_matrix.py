@@ -236,10 +236,7 @@ def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: f
     if res.status == "not run":
         bundle = work / f"bundle-torch-{pair.torch}"
         shutil.rmtree(bundle, ignore_errors=True)
-        luminav = subprocess.run(
-            [str(py), "-c", "import luminamoon, os; print(os.path.join(os.path.dirname("
-             "luminamoon.__file__), 'bin', 'luminav'))"], env=env, stdout=subprocess.PIPE,
-            text=True, cwd=work).stdout.strip()
+        luminav = str(Path(py).parent / "luminav")  # the wheel's script, on the venv's PATH
         cli = [
             [py, "-m", "luminamoon", "aot", "build", "--arch", "90", "--out", bundle,
              "--dtypes", "fp32:fp32:fp32", "--jobs", "2", "--quiet"],

@@ -135,6 +135,16 @@ def aot_bundle(tmp_path_factory) -> str:
     return str(out)
 
 
+@pytest.fixture(scope="session")
+def luminav_prefix(tmp_path_factory) -> str:
+    """luminav (shared) configured, built and installed from this checkout into a fresh prefix,
+    once per session (native_build.install_luminav): what a C++ project installs."""
+    from native_build import install_luminav
+
+    return install_luminav(str(tmp_path_factory.mktemp("luminav-build")),
+                           str(tmp_path_factory.mktemp("luminav-prefix")))
+
+
 def dtensor_api():
     """(DTensor, Shard, Replicate, distribute_tensor): torch.distributed.tensor from torch 2.5,
     torch.distributed._tensor before (2.4)."""

@@ -14,7 +14,8 @@ commands:
   demo      train a small model on real data with LuminaMoon and AdamW, compare them
   bench     time one optimizer step per backend (see benchmarks/bench_step.py for the full suite)
   aot       build | inspect | verify ahead-of-time kernel bundles
-  doctor    what this machine has: torch, Triton, devices, the native runtime, Triton's AOT ABI
+  doctor    what this machine has (versions, devices, the native module, the default AOT
+            bundle) and whether backend="aot" runs here, with a verdict line
 """
 
 
@@ -36,49 +37,172 @@ def trailing_scratch_ptrs_for(triton_version: str) -> int:
     return 2
 
 
+def _dist_version(name: str) -> Optional[str]:
+    """An installed distribution's version, read from its metadata (no import: Triton's takes
+    seconds)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _bundle_report(rows, native) -> dict:
+    """Rows about the default bundle; returns what the verdict needs: path, per-arch keys, the
+    first problem (None when sound)."""
+    from .aot.default import NoDefaultBundleError, default_bundle_dir, ENV_VAR
+
+    out = {"path": None, "keys": {}, "problem": None}
+    try:
+        path = default_bundle_dir()
+    except NoDefaultBundleError as exc:
+        rows.append(("default bundle", f"none: {exc}"))
+        out["problem"] = str(exc)
+        return out
+    if path is None:
+        rows.append(("default bundle", "none (a source checkout, or a wheel built with "
+                                       "LUMINAMOON_DEFAULT_BUNDLE=OFF): backend='aot' needs "
+                                       "aot_bundle=DIR"))
+        return out
+    out["path"] = path
+    where = f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "shipped with the package"
+    rows.append(("default bundle", f"{path} ({where})"))
+    from .aot.manifest import BundleError, read_manifest
+
+    try:
+        manifest = read_manifest(path)
+    except BundleError as exc:
+        rows.append(("  manifest", f"REFUSED: {exc}"))
+        out["problem"] = str(exc)
+        return out
+    keys = {}
+    for e in manifest["kernels"]:
+        keys.setdefault(e["target"]["arch"], set()).add(e["key"])
+    out["keys"] = keys
+    every = set().union(*keys.values()) if keys else set()
+    size = sum(os.path.getsize(os.path.join(path, e["cubin"])) for e in manifest["kernels"]
+               if os.path.isfile(os.path.join(path, e["cubin"])))
+    rows.append(("  archs", ", ".join(f"sm_{a}" for a in sorted(keys)) or "none"))
+    rows.append(("  variants", f"{len(every)} per arch, {len(manifest['kernels'])} cubins, "
+                               f"{size / 2**20:.1f} MiB"))
+    rows.append(("  manifest", f"format {manifest['format']} v{manifest['format_version']}, "
+                               f"{manifest['created_by']}, Triton {manifest['triton_version']}"))
+    incomplete = [a for a in sorted(keys) if keys[a] != every]
+    if incomplete:
+        out["problem"] = (f"the bundle lacks variants for {', '.join(f'sm_{a}' for a in incomplete)}"
+                          f" that its other archs have")
+    if native is not None:
+        # The runtime's own loader, every cubin now: ELF checks and its SHA-256 against the manifest.
+        try:
+            native.load_manifest(path)
+            rows.append(("  verified", f"all {len(manifest['kernels'])} cubins: SHA-256 as "
+                                       "recorded, whole ELF images (the C++ loader)"))
+        except (RuntimeError, ValueError, LookupError) as exc:
+            rows.append(("  verified", f"REFUSED by the C++ loader: {exc}"))
+            out["problem"] = out["problem"] or str(exc)
+    else:
+        from .aot.manifest import verify_bundle
+
+        _, problems = verify_bundle(path)
+        if problems:
+            rows.append(("  verified", f"{len(problems)} problem(s), first: {problems[0]}"))
+            out["problem"] = out["problem"] or str(problems[0])
+        else:
+            rows.append(("  verified", f"all {len(manifest['kernels'])} cubins: SHA-256, ELF and "
+                                       "ABI (Python's checker; the native module is not built)"))
+    return out
+
+
 def doctor(argv: Optional[List[str]] = None) -> int:
-    argparse.ArgumentParser(prog="luminamoon doctor").parse_args(argv)
-    rows = [("python", platform.python_version()), ("platform", platform.platform())]
+    """What this machine has, and whether backend="aot" runs here with the default bundle; the
+    last line is the verdict (exit status 1 when it says FAIL)."""
+    argparse.ArgumentParser(prog="luminamoon doctor",
+                            description="Report versions, the default AOT bundle, the native "
+                                        "module and the GPUs, with a verdict.").parse_args(argv)
+    from . import __version__
+
+    rows = [("luminamoon", f"{__version__} ({os.path.dirname(os.path.abspath(__file__))})"),
+            ("python", f"{platform.python_version()} ({sys.executable})"),
+            ("platform", platform.platform())]
+    devices = []  # (index, name, arch)
     try:
         import torch
 
-        rows.append(("torch", torch.__version__))
+        rows.append(("torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})"))
         cuda = torch.cuda.is_available()
         rows.append(("cuda devices", str(torch.cuda.device_count()) if cuda else "none"))
         if cuda:
             for i in range(torch.cuda.device_count()):
                 props = torch.cuda.get_device_properties(i)
-                rows.append((f"  cuda:{i}", f"{props.name}, sm_{props.major}{props.minor}, "
+                arch = props.major * 10 + props.minor
+                devices.append((i, props.name, arch))
+                rows.append((f"  cuda:{i}", f"{props.name}, sm_{arch}, "
                                             f"{props.total_memory / 2**30:.0f} GiB"))
         xpu = getattr(torch, "xpu", None)
         rows.append(("xpu devices", str(xpu.device_count()) if xpu is not None and xpu.is_available() else "none"))
         mps = getattr(torch.backends, "mps", None)
         rows.append(("mps", "available" if mps is not None and mps.is_available() else "none"))
-        rows.append(("torch.accelerator", "yes" if hasattr(torch, "accelerator") else "no (torch < 2.6)"))
     except ImportError:
         rows.append(("torch", "not installed (pip install torch)"))
-    try:
-        import triton
-
-        rows.append(("triton", triton.__version__))
-        n = trailing_scratch_ptrs_for(triton.__version__)
+    triton_version = _dist_version("triton")
+    if triton_version:
+        n = trailing_scratch_ptrs_for(triton_version)
         names = ["global_scratch", "profile_scratch"][:n]
-        rows.append(("triton AOT ABI", f"{n} trailing scratch pointer(s)" + (f": {', '.join(names)}" if n else "")))
+        rows.append(("triton", f"{triton_version} (AOT ABI: {n} trailing scratch pointer(s)"
+                               + (f": {', '.join(names)})" if n else ")")))
         rows.append(("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "unset")))
-    except ImportError:
-        rows.append(("triton", "not installed: the triton backend is unavailable (pip install triton)"))
+    else:
+        rows.append(("triton", "not installed: backend 'triton' is unavailable; 'aot' needs none"))
+    native = None
     try:
         native = importlib.import_module("luminamoon._luminav")
-        rows.append(("native runtime", f"luminav {getattr(native, '__version__', '?')}"))
-        has_driver = getattr(native, "has_cuda_driver", None)
-        if has_driver is not None:
-            rows.append(("CUDA driver (dlopen)", "found" if has_driver() else "not found"))
+        rows.append(("native module", f"luminav {getattr(native, '__version__', '?')} "
+                                      f"(C API v{native.api_version()}, {native.__file__})"))
+        rows.append(("CUDA driver (dlopen)", "found" if native.has_cuda_driver() else "not found"))
     except ImportError as exc:
-        rows.append(("native runtime", f"not built ({exc}); `pip install .` builds it"))
+        rows.append(("native module", f"not built ({exc}); `pip install .` builds it"))
+    bundle = _bundle_report(rows, native)
+
+    verdict = _verdict(devices, native, bundle)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
-    return 0
+    print(verdict)
+    return 1 if verdict.startswith("verdict: FAIL") else 0
+
+
+def _verdict(devices, native, bundle) -> str:
+    from .aot.default import cubin_loads_on
+
+    if native is None:
+        return ("verdict: FAIL: the native module is not built, so backends 'cpu' and 'aot' are "
+                "unavailable (pip install . builds it); 'reference' works")
+    if bundle["problem"]:
+        return (f"verdict: FAIL: the default bundle cannot be used: {bundle['problem']} "
+                "(reinstall luminamoon, or pass aot_bundle=DIR)")
+    archs = sorted(bundle["keys"])
+    have = ", ".join(f"sm_{a}" for a in archs)
+    if not devices:
+        if bundle["path"] is None:
+            return "verdict: OK (CPU): no CUDA GPU here; backend 'cpu' runs, and there is no default bundle"
+        return (f"verdict: OK (CPU): no CUDA GPU here; backend 'cpu' runs; the default bundle "
+                f"({have}) is sound and serves backend='aot' on those GPUs")
+    if bundle["path"] is None:
+        return ("verdict: FAIL: no default bundle, so backend='aot' needs aot_bundle=DIR "
+                "(luminamoon aot build --arch "
+                f"{','.join(str(a) for _, _, a in devices)} --out DIR); 'triton' needs Triton")
+    if not native.has_cuda_driver():
+        return "verdict: FAIL: torch sees a GPU but libcuda.so.1 does not load for the native runtime"
+    misses = [(i, name, a) for i, name, a in devices
+              if not any(cubin_loads_on(c, a) for c in archs)]
+    if misses:
+        i, name, a = misses[0]
+        return (f"verdict: FAIL: cuda:{i} ({name}) is sm_{a} and the default bundle has {have} "
+                f"only (a cubin of sm_90 or newer loads on its own arch alone); build one with "
+                f"`luminamoon aot build --arch {a} --out DIR` and pass aot_bundle=DIR")
+    where = ", ".join(f"cuda:{i} ({name}, sm_{a})" for i, name, a in devices)
+    return f"verdict: OK: backend='aot' runs on {where} with the default bundle, no Triton needed"
 
 
 def bench(argv: Optional[List[str]] = None) -> int:

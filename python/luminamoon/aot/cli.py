@@ -18,6 +18,8 @@ commands:
   inspect  DIR    list the bundle's kernels: key, kernel, arch, warps, shared memory, trailing
                   scratch pointers, cubin size
   verify   DIR    check the manifest schema, every cubin's sha256 and its ABI; exit 0 when sound
+  default         print the folder of the default bundle (the one the wheel ships, or
+                  $LUMINAMOON_AOT_BUNDLE); exit 1 when there is none
 """
 
 # Storage dtype names accepted by --dtypes (param:grad:state).
@@ -149,7 +151,20 @@ def _verify(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"build": _build, "inspect": _inspect, "verify": _verify}
+def _default(argv: Sequence[str]) -> int:
+    argparse.ArgumentParser(prog=f"{PROG} default",
+                            description="Print the default bundle's folder.").parse_args(argv)
+    from .default import NoDefaultBundleError, require_default_bundle
+
+    try:
+        print(require_default_bundle())
+    except NoDefaultBundleError as exc:
+        print(f"{PROG} default: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+COMMANDS = {"build": _build, "inspect": _inspect, "verify": _verify, "default": _default}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

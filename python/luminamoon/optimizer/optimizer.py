@@ -33,7 +33,7 @@ from ._validation import (
     validate_lr,
     validate_seed,
 )
-from .backends import select_backend
+from .backends import aot_bundle_dir, select_backend
 from .backends.base import Backend
 from .layout import state_like
 
@@ -201,7 +201,9 @@ class LuminaMoon(torch.optim.Optimizer):
         seed: 64-bit base seed of the rounding streams; drawn once from the first parameter's
             device generator when None. Saved in the state dict.
         backend: "auto", "reference", "triton", "cpu", "aot" (or a Backend instance).
-        aot_bundle: directory of an ahead-of-time bundle, for backend="aot".
+        aot_bundle: directory of an ahead-of-time bundle, for backend="aot"; None takes the
+            default one: ``$LUMINAMOON_AOT_BUNDLE``, else the bundle the wheel ships
+            (``luminamoon aot default`` prints its folder).
         foreach, fused, capturable, differentiable: torch.optim's implementation keywords, for
             code that passes them to any optimizer. LuminaMoon's step is one fused multi-tensor
             launch per pass and never synchronises with the host (fused and capturable):
@@ -234,9 +236,8 @@ class LuminaMoon(torch.optim.Optimizer):
         defaults.update(torch_flags(foreach, fused, capturable, differentiable))
         validate_seed(seed)
         validate_backend(backend)
-        if backend == "aot" and aot_bundle is None:
-            raise ValueError("backend='aot' needs aot_bundle=<bundle directory> (written by "
-                             "'luminamoon aot build')")
+        if backend == "aot":
+            aot_bundle_dir(aot_bundle)  # no bundle given and none shipped: say so now
         if not isinstance(params, torch.Tensor):  # (torch's own check names a tensor)
             params = list(params)
         first = _first_tensor(params) if isinstance(params, list) else None

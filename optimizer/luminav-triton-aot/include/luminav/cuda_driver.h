@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "luminav/error.h"  // LUMINAV_CXX_API
+
 // Opaque handle tags, spelled as in cuda.h so the pointer types are interchangeable.
 struct CUctx_st;
 struct CUmod_st;
@@ -178,20 +180,20 @@ struct CudaDriverApi {
 // the GPU path needs an NVIDIA driver; the CPU engine works without one", or when a required
 // symbol is missing (naming the symbol and the dlerror()/cuGetProcAddress result). A failed load
 // is remembered: later calls throw the same error without retrying.
-const CudaDriverApi& cuda_driver();
+LUMINAV_CXX_API const CudaDriverApi& cuda_driver();
 
 // True when cuda_driver() would succeed. Never throws.
-bool cuda_driver_available() noexcept;
+LUMINAV_CXX_API bool cuda_driver_available() noexcept;
 
 // Loads a driver table from the named library (normally "libcuda.so.1") without caching it and
 // without calling cuInit. cuda_driver() is built on it; tests use it to see the error a missing
 // library gives. Throws as cuda_driver() does.
-CudaDriverApi load_cuda_driver(const char* library_name);
+LUMINAV_CXX_API CudaDriverApi load_cuda_driver(const char* library_name);
 
 // Makes cuda_driver() return `fake` for the lifetime of this object (nesting restores the
 // previous table). `fake` must outlive the override. Intended for tests and tools; not meant to
 // be switched while other threads use the driver.
-class ScopedDriverOverride {
+class LUMINAV_CXX_API ScopedDriverOverride {
  public:
   explicit ScopedDriverOverride(const CudaDriverApi* fake);
   ~ScopedDriverOverride();
@@ -205,16 +207,17 @@ class ScopedDriverOverride {
 // Throws Error(kDriverError) when `result` is not CUDA_SUCCESS:
 // "<symbol> failed: CUDA_ERROR_X (<code>): <error string> [while <context>]". The name and
 // string come from the table's cuGetErrorName/cuGetErrorString.
-void check(const CudaDriverApi& api, CUresult result, const char* symbol, const std::string& context = "");
+LUMINAV_CXX_API void check(const CudaDriverApi& api, CUresult result, const char* symbol,
+                           const std::string& context = "");
 // The same with a context that is a C string: nothing is built unless the call failed (for hot
 // paths, where a std::string argument would be built, and maybe allocated, on every call).
 inline void check(const CudaDriverApi& api, CUresult result, const char* symbol, const char* context) {
   if (result != CUDA_SUCCESS) check(api, result, symbol, std::string(context != nullptr ? context : ""));
 }
 // The same, with the table of cuda_driver().
-void check(CUresult result, const char* symbol, const std::string& context = "");
+LUMINAV_CXX_API void check(CUresult result, const char* symbol, const std::string& context = "");
 
 // "CUDA_ERROR_X (<code>): <string>", from the table (or "CUDA error <code>" where it cannot say).
-std::string describe_cuda_error(const CudaDriverApi& api, CUresult result);
+LUMINAV_CXX_API std::string describe_cuda_error(const CudaDriverApi& api, CUresult result);
 
 }  // namespace luminav

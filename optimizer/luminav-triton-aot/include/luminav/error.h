@@ -9,6 +9,13 @@
 #include <stdexcept>
 #include <string>
 
+// The C++ symbols libluminav exports besides the C API (everything else in it is hidden):
+// luminav::Error and the driver table of cuda_driver.h, which programs linking the installed
+// library call.
+#ifndef LUMINAV_CXX_API
+#define LUMINAV_CXX_API __attribute__((visibility("default")))
+#endif
+
 namespace luminav {
 
 // Status codes shared by the C API (luminav.h mirrors these values as LV_STATUS_*).
@@ -23,7 +30,7 @@ enum class Status : int {
   kInternal = 7,          // a broken invariant inside the library
 };
 
-class Error : public std::runtime_error {
+class LUMINAV_CXX_API Error : public std::runtime_error {
  public:
   Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
   Status status() const noexcept { return status_; }

@@ -16,15 +16,16 @@ from .._groups import LaunchGroup
 from .base import Backend
 from .reference import ReferenceBackend
 
-__all__ = ["BackendUnavailableError", "get_backend", "select_backend"]
+__all__ = ["BackendUnavailableError", "aot_bundle_dir", "get_backend", "select_backend"]
 
 BACKEND_NAMES = ("auto", "reference", "triton", "cpu", "aot")
 
 _FIXES = {
     "triton": "install Triton (pip install 'luminamoon[triton]'), or pass backend='reference'",
     "cpu": "build the native module (pip install . or make dev), or pass backend='reference'",
-    "aot": "build the native module (pip install .) and pass aot_bundle=<directory written by "
-           "'luminamoon aot build'>, or pass backend='triton' or 'reference'",
+    "aot": "build the native module (pip install .: the wheel also ships a default bundle) or "
+           "pass aot_bundle=<directory written by 'luminamoon aot build'>, or pass "
+           "backend='triton' or 'reference'",
 }
 
 _LOCK = threading.Lock()
@@ -58,14 +59,24 @@ def _construct(name: str, aot_bundle: Optional[str]) -> Backend:
             from .native import AotBackend
     except ImportError as exc:
         raise _unavailable(name, exc) from exc
-    if aot_bundle is None:
-        raise BackendUnavailableError(
-            f"backend 'aot' needs a bundle directory; fix: {_FIXES['aot']}")
     return AotBackend(aot_bundle)
 
 
+def aot_bundle_dir(aot_bundle=None) -> str:
+    """The bundle folder backend "aot" loads: ``aot_bundle`` when given, else the default one
+    (:func:`luminamoon.aot.default.default_bundle_dir`: ``$LUMINAMOON_AOT_BUNDLE`` or the bundle
+    the wheel ships). Raises ValueError (``NoDefaultBundleError``) saying how to get one."""
+    if aot_bundle is not None:
+        return os.fspath(aot_bundle)
+    from ...aot.default import require_default_bundle
+
+    return require_default_bundle()
+
+
 def _instance(name: str, aot_bundle: Optional[str] = None) -> Backend:
-    key = (name, os.fspath(aot_bundle) if aot_bundle is not None and name == "aot" else None)
+    if name == "aot":
+        aot_bundle = aot_bundle_dir(aot_bundle)
+    key = (name, aot_bundle if name == "aot" else None)
     with _LOCK:
         backend = _INSTANCES.get(key)
         if backend is None:
