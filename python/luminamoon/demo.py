@@ -649,9 +649,19 @@ def format_text(rows: List[List[str]]) -> str:
     return "\n".join(lines)
 
 
+def _numeric(cell: str) -> bool:
+    try:
+        float(cell.replace(",", ""))
+        return True
+    except ValueError:
+        return cell in ("", "n/a")
+
+
 def format_markdown(rows: List[List[str]]) -> str:
-    lines = ["| " + " | ".join(rows[0]) + " |",
-             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(rows[0]))) + "|"]
+    """A markdown table; columns of numbers right-aligned."""
+    align = ["---:" if all(_numeric(r[i]) for r in rows[1:]) else "---"
+             for i in range(len(rows[0]))]
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     return "\n".join(lines)
 
@@ -939,10 +949,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="LuminaMoon's backend in the training runs (default auto: triton on "
                              "CUDA, the native cpu engine on CPU); the step-time panel times "
                              "every backend that runs here regardless")
-    parser.add_argument("--aot-bundle", default=os.environ.get("LUMINAMOON_AOT_BUNDLE"),
-                        help="folder of an ahead-of-time bundle ('luminamoon aot build'); on "
-                             "CUDA it adds the aot backend to the step-time panel (default: "
-                             "$LUMINAMOON_AOT_BUNDLE)")
+    parser.add_argument("--aot-bundle", default=None,
+                        help="folder of an ahead-of-time bundle ('luminamoon aot build --out "
+                             "DIR'); on CUDA it adds the aot backend to the step-time panel "
+                             "(default: $LUMINAMOON_AOT_BUNDLE, else ./bundle when it holds a "
+                             "manifest.json, else none)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights, the batch order and LuminaMoon's "
                              "rounding streams (default 0)")
@@ -960,6 +971,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_aot_bundle() -> Optional[str]:
+    """$LUMINAMOON_AOT_BUNDLE, else ./bundle (where the README's build command writes one)."""
+    env = os.environ.get("LUMINAMOON_AOT_BUNDLE")
+    if env:
+        return env
+    return "bundle" if os.path.isfile(os.path.join("bundle", "manifest.json")) else None
+
+
+def _load_average() -> str:
+    """The 1-minute load average (other processes on the machine move every timing)."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except (AttributeError, OSError):
+        return "n/a"
+
+
 def resolve_device(text: str):
     import torch
 
@@ -975,6 +1002,7 @@ def resolve_device(text: str):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     wall_start = time.perf_counter()
+    load_start = _load_average()
 
     import torch
 
@@ -990,6 +1018,8 @@ def main(argv=None) -> int:
         cfg.lr = args.lr
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     device = resolve_device(args.device)
+    if args.aot_bundle is None:
+        args.aot_bundle = default_aot_bundle()
     if args.backend == "aot" and not args.aot_bundle:
         raise SystemExit("luminamoon demo: --backend aot needs --aot-bundle DIR (written by "
                          "'luminamoon aot build')")
@@ -1030,7 +1060,8 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     wall = time.perf_counter() - wall_start
     header = (f"{machine}; {cfg.steps} steps per run, {n_params:,} parameters; demo wall time "
-              f"{wall:.0f} s")
+              f"{wall:.0f} s; load average {load_start} at the start, {_load_average()} at "
+              f"the end")
     with open(os.path.join(args.out, "results.md"), "w") as fh:
         fh.write(f"{header}\n\n{format_markdown(run_rows)}\n\n{format_markdown(time_rows)}\n\n")
         fh.write("\n".join("- " + line for line in notes) + "\n")
@@ -1045,7 +1076,8 @@ def main(argv=None) -> int:
                                     f"{machine}")):
             if png:
                 written.append(png)
-    print(f"\nwrote {', '.join(written)}")
+    print(f"\n{header}")
+    print(f"wrote {', '.join(written)}")
     print(f"demo wall time {time.perf_counter() - wall_start:.1f} s")
     return 0
 
