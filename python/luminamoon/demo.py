@@ -312,11 +312,13 @@ def adamw_flavour(device) -> str:
 class Session:
     """Data, initial weights and settings shared by every run of the demo."""
 
-    def __init__(self, cfg: Config, device, backend: str, aot_bundle: Optional[str], seed: int):
+    def __init__(self, cfg: Config, device, backend: str, aot_bundle: Optional[str], seed: int,
+                 cpu_threads: int = 0):
         import torch
 
         self.cfg, self.device, self.backend, self.aot_bundle, self.seed = (
             cfg, torch.device(device), backend, aot_bundle, seed)
+        self.cpu_threads = cpu_threads  # the native cpu engine's threads; 0: one per core
         train_text, val_text, self.train_files, self.val_files = stdlib_sources(
             cfg.train_bytes, cfg.val_bytes)
         self.vocab = CharVocab(train_text)
@@ -364,10 +366,17 @@ class Session:
         # as torch's AdamW
         extra = (dict(clip=0.0, nonfinite="propagate", stochastic_rounding=False) if adamw_mode
                  else dict(clip=cfg.clip, stochastic_rounding=spec.stochastic_rounding))
+        backend = backend or self.backend
+        if self.cpu_threads and self.device.type == "cpu" and backend in ("auto", "cpu"):
+            try:
+                from .optimizer.native import CpuBackend
+
+                backend = CpuBackend(num_threads=self.cpu_threads)
+            except ImportError:  # no compiled engine: "auto" falls back to the reference
+                pass
         return LuminaMoon(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
-                          **extra,
                           state_dtype=getattr(torch, spec.dtype), seed=self.seed,
-                          backend=backend or self.backend, aot_bundle=self.aot_bundle)
+                          backend=backend, aot_bundle=self.aot_bundle, **extra)
 
     def sync(self) -> None:
         import torch
@@ -579,8 +588,16 @@ def machine_line(device) -> str:
         where = torch.cuda.get_device_name(device)
     else:
         where = cpu_model()
-    return (f"{where}, {os.cpu_count()} cores, torch {torch.__version__}, "
+    return (f"{where}, {usable_cores()} cores, torch {torch.__version__}, "
             f"{datetime.date.today().isoformat()}")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def cpu_model() -> str:
@@ -967,7 +984,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the tables only, no PNGs (also what happens without "
                              "matplotlib)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: every core, os.cpu_count())")
+                        help="CPU threads of torch and of LuminaMoon's native cpu engine "
+                             "(default: torch takes one per core this process may use, the "
+                             "engine one per hardware thread)")
     return parser
 
 
@@ -1016,7 +1035,9 @@ def main(argv=None) -> int:
         if not args.lr > 0:
             raise SystemExit(f"luminamoon demo: --lr must be > 0, got {args.lr}")
         cfg.lr = args.lr
-    torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
+    if args.threads is not None and args.threads < 1:
+        raise SystemExit(f"luminamoon demo: --threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads or usable_cores())
     device = resolve_device(args.device)
     if args.aot_bundle is None:
         args.aot_bundle = default_aot_bundle()
@@ -1024,7 +1045,8 @@ def main(argv=None) -> int:
         raise SystemExit("luminamoon demo: --backend aot needs --aot-bundle DIR (written by "
                          "'luminamoon aot build')")
 
-    session = Session(cfg, device, args.backend, args.aot_bundle, args.seed)
+    session = Session(cfg, device, args.backend, args.aot_bundle, args.seed,
+                      cpu_threads=args.threads or 0)
     machine = machine_line(device)
     print(f"data: {len(session.train_data):,} training / {len(session.val_data):,} validation "
           f"characters from {len(session.train_files)} + {len(session.val_files)} standard-"
