@@ -24,7 +24,7 @@ $(VENV)/.deps-stamp: scripts/install-system-deps.sh pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" numpy scikit-build-core nanobind \
-	    pytest pytest-timeout hypothesis build scikit-learn tqdm matplotlib \
+	    pytest pytest-timeout hypothesis build tqdm matplotlib \
 	    transformers accelerate lightning
 	touch $@
 

@@ -1,20 +1,95 @@
-"""`luminamoon demo` trains on the shipped digits data and reports both optimizers."""
+"""`luminamoon demo --quick`: every run of the comparison reports, the faults do what they must.
+
+Timings are printed by the demo but never asserted here: they are benchmarks.
+"""
 from __future__ import annotations
+
+import csv
+import math
 
 import pytest
 
+# The rows of the run table, in order (the quick demo leaves out the round-to-nearest control).
+RUNS = ["AdamW, fp32", "LuminaMoon, fp32", "AdamW, bf16 round-to-nearest",
+        "LuminaMoon, bf16 stochastic rounding", "AdamW, fp32, faults", "LuminaMoon, fp32, faults"]
 
-def test_demo_trains_both_optimizers_and_writes_the_plot(tmp_path, capsys):
-    pytest.importorskip("sklearn", reason="the demo's data ships with scikit-learn")
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    pytest.importorskip("tqdm", reason="the demo's progress bars")
+    import contextlib
+    import io
+
     from luminamoon.demo import main
 
-    assert main(["--epochs", "3", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines()
-            if line.startswith(("LuminaMoon", "AdamW")) and line.split()[-2].endswith("%")]
-    assert len(rows) == 2, out
-    accuracies = [float(r.split()[-2].rstrip("%")) for r in rows]
-    # 3 epochs of a 64-128-128-10 MLP already separate the ten digits far above chance (10 %)
-    assert all(a > 80.0 for a in accuracies), rows
-    if "loss curves:" in out:
-        assert (tmp_path / "loss_curves.png").stat().st_size > 1000
+    out = tmp_path_factory.mktemp("demo")
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        assert main(["--quick", "--device", "cpu", "--out", str(out)]) == 0
+    with open(out / "results.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    return out, text.getvalue(), rows
+
+
+def _runs(rows):
+    return {r["name"]: r for r in rows if r["kind"] == "run"}
+
+
+def test_the_table_has_every_run(quick_demo):
+    _, stdout, rows = quick_demo
+    assert list(_runs(rows)) == RUNS
+    printed = [line for line in stdout.splitlines() if line.startswith(tuple(RUNS))]
+    assert [line for line in printed if "  " in line], stdout
+    for name in RUNS:
+        assert any(line.startswith(name) for line in printed), (name, stdout)
+
+
+def test_losses_are_finite_where_they_must_be(quick_demo):
+    runs = _runs(quick_demo[2])
+    for name in RUNS[:4]:
+        loss = float(runs[name]["val_loss"])
+        # a character model of ~97 symbols starts near ln(97) = 4.57; 120 steps of any of these
+        # runs reach about 2.65 (measured), far below where they started
+        assert math.isfinite(loss) and loss < 3.5, (name, loss)
+    # the poisoned batches set LuminaMoon back (about 4.0 in the quick run), but it trains on
+    assert math.isfinite(float(runs["LuminaMoon, fp32, faults"]["val_loss"]))
+
+
+def test_the_nan_step_is_skipped_by_luminamoon_and_poisons_adamw(quick_demo):
+    runs = _runs(quick_demo[2])
+    lumina, adamw = runs["LuminaMoon, fp32, faults"], runs["AdamW, fp32, faults"]
+    assert int(lumina["skipped_steps"]) == 1
+    assert lumina["nan_from_step"] == ""
+    assert math.isnan(float(adamw["val_loss"]))
+    assert adamw["nan_from_step"] != ""
+    # no fault-free run skips anything
+    for name in RUNS[:4]:
+        assert int(runs[name]["skipped_steps"]) == 0, name
+
+
+def test_step_times_are_reported_for_luminamoon_and_torch(quick_demo):
+    rows = [r for r in quick_demo[2] if r["kind"] == "step_time"]
+    names = {r["name"] for r in rows}
+    assert any(n.startswith("LuminaMoon") for n in names), names
+    assert any(n.startswith("torch AdamW") for n in names), names
+    assert {r["dtype"] for r in rows} == {"float32", "bfloat16"}
+
+
+def test_outputs_are_written(quick_demo):
+    out, stdout, _ = quick_demo
+    assert (out / "results.md").read_text().count("|") > 20
+    pytest.importorskip("matplotlib", reason="the PNGs need matplotlib")
+    for name in ("loss_curves.png", "step_time.png"):
+        assert (out / name).stat().st_size > 10_000, name
+    assert "wrote" in stdout
+
+
+def test_help_documents_every_option(capsys):
+    from luminamoon.demo import build_parser
+
+    text = build_parser().format_help()
+    for option in ("--quick", "--steps", "--device", "--out", "--seed", "--backend",
+                   "--no-plot", "--aot-bundle", "--lr", "--threads"):
+        assert option in text, option
+    actions = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert all(a.help for a in actions), [a.dest for a in actions if not a.help]

@@ -11,7 +11,8 @@ from typing import List, Optional
 USAGE = """usage: luminamoon <command> [options]
 
 commands:
-  demo      train a small model on real data with LuminaMoon and AdamW, compare them
+  demo      a character-level GPT on the standard library's sources: AdamW vs LuminaMoon in
+            fp32, in pure bf16 (rounding), under injected faults; optimizer step time per backend
   bench     time one optimizer step per backend (see benchmarks/bench_step.py for the full suite)
   aot       build | inspect | verify ahead-of-time kernel bundles
   doctor    what this machine has (versions, devices, the native module, the default AOT
