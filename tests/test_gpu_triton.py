@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from cases import (BF16, F16, F32, GPU_CASES, GPU_SHAPES, Case, assert_groups_close,
+                   assert_storage_close,
                    clone_group, compare_with_reference, copy_state, make_group, new_grads,
                    run_step, snapshot, assert_unchanged)
 from conftest import bits, requires_triton
+from luminamoon.optimizer._groups import LaunchGroup
 from luminamoon.optimizer.backends.reference import ReferenceBackend
 
 # ------------------------------------------------------------------------------------------
@@ -176,14 +178,21 @@ def test_optimizer_commit_last_equals_commit_and_torch_ops(monkeypatch):
     from luminamoon.kernels import launch, rounding
     from luminamoon.optimizer.backends.triton import TritonBackend
 
+    from luminamoon.optimizer.backends.base import Backend
+
     real = TritonBackend.commit_last
     runs = []
     for use_kernel in (True, False):
         used = []
 
         def commit_last(self, group, found_inf, skipped, _use=use_kernel):
-            used.append(real(self, group, found_inf, skipped) if _use else False)
-            return used[-1]
+            if _use:
+                real(self, group, found_inf, skipped)
+                # the kernel's arguments are bound when (and only when) it launched
+                used.append(group.cache["triton"].commit_last_args is not None)
+            else:
+                Backend.commit_last(self, group, found_inf, skipped)
+                used.append(False)
 
         monkeypatch.setattr(TritonBackend, "commit_last", commit_last)
         gen = torch.Generator(device="cuda").manual_seed(8)
