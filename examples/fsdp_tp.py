@@ -53,6 +53,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def _parallelize(model, mesh, args):
+    import torch
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
 
@@ -61,6 +62,10 @@ def _parallelize(model, mesh, args):
     except ImportError:  # torch < 2.6
         from torch.distributed._composable.fsdp import fully_shard
 
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 6) and mesh.device_type == "cpu":
+        raise SystemExit(f"FSDP2 of torch {torch.__version__} creates CUDA streams at its first "
+                         f"forward: on CPU this example needs torch >= 2.6 (or run it on GPUs)")
     tp, dp = mesh["tp"], mesh["dp"]
     for block in model.blocks:
         parallelize_module(block, tp, {"fc": ColwiseParallel(), "out": RowwiseParallel()})

@@ -191,6 +191,20 @@ def spawn_ranks(fn, world: int, tmp_dir: str, *args, backend: str = "gloo") -> N
              nprocs=world, join=True)
 
 
+def require_fsdp2_here() -> None:
+    """Skips unless FSDP2's fully_shard can run on this machine: it exists from torch 2.4, but
+    before 2.6 its first forward creates CUDA streams (FSDPCommContext.init calls
+    torch.cuda.Stream), so on a machine without a GPU it needs torch >= 2.6."""
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        pytest.importorskip("torch.distributed._composable.fsdp")
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 6) and not torch.cuda.is_available():
+        pytest.skip(f"FSDP2 of torch {torch.__version__} creates CUDA streams at its first "
+                    f"forward; without a GPU it runs from torch 2.6")
+
+
 def launch_flags(param_dtype: torch.dtype, state_dtype: torch.dtype, hyper):
     """The normalised kernel flags (kernels.layout.LaunchFlags) of a group with ``hyper``."""
     from luminamoon.kernels.layout import LaunchFlags

@@ -304,9 +304,12 @@ FSDP_TP_TINY = ["--dp", "2", "--tp", "2", "--text-bytes", "20000", "--d-model", 
 def _torchrun(args, cwd):
     import json
 
+    from conftest import require_fsdp2_here
+
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
+    require_fsdp2_here()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", "4", os.path.join(EXAMPLES, "fsdp_tp.py")] + args
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd,
