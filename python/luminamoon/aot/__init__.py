@@ -9,8 +9,9 @@ described in docs/bundle-format.md.
 Importing this package imports neither Triton nor torch.
 """
 from .builder import DEFAULT_ARCHS, BuildError, build_bundle, compile_variant, plan_kernel
-from .manifest import (FORMAT, FORMAT_VERSION, BundleError, find_kernel, load_bundle,
-                       read_manifest, runs_on, validate_manifest, verify_bundle)
+from .manifest import (FORMAT, FORMAT_VERSION, BundleError, derive_key, find_kernel,
+                       load_bundle, read_manifest, runs_on, validate_manifest, verify_bundle)
+from .rules import CODES
 
 __all__ = [
     "DEFAULT_ARCHS",
@@ -18,8 +19,10 @@ __all__ = [
     "FORMAT_VERSION",
     "BuildError",
     "BundleError",
+    "CODES",
     "build_bundle",
     "compile_variant",
+    "derive_key",
     "find_kernel",
     "load_bundle",
     "plan_kernel",

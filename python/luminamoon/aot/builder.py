@@ -42,7 +42,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import compat
 from .manifest import (FORMAT, FORMAT_VERSION, KERNEL_NAMES, MANIFEST_NAME, atomic_write,
-                       write_manifest)
+                       derive_key, write_manifest)
 
 DEFAULT_ARCHS = (80, 90)
 
@@ -360,8 +360,13 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
                              f"launches ({', '.join(KERNEL_NAMES)})")
         if v.kernel not in plans:
             plans[v.kernel] = plan_kernel(specs[v.kernel])
-        _variant_constexprs(plans[v.kernel], v)
+        constexprs = _variant_constexprs(plans[v.kernel], v)
         k = v.key()
+        derived = derive_key(v.kernel, constexprs, int(v.num_warps))
+        if k != derived:
+            raise BuildError(f"variant key {k!r} is not the one its kernel, constexprs and "
+                             f"num_warps give ({derived!r}, docs/internals.md \"Variant keys\"): "
+                             "loaders derive the key and would refuse the bundle")
         if k in keys:
             raise BuildError(f"two variants share the key {k!r}: {keys[k]!r} and {v!r}")
         keys[k] = v

@@ -1,33 +1,76 @@
-"""Just enough of the cubin (CUDA ELF) format to check a bundle without a GPU.
+"""The cubin (CUDA ELF) reader of the bundle rule book: every check, in the rule book's order.
 
-A cubin is an ELF64 little-endian file. ``verify`` reads from it what the driver would find
-at load: that the file is whole (the section header table lies inside it), the SM arch in
-``e_flags``, the symbol names, and for each kernel the ``.nv.info.<entry>`` attributes, whose
-``EIATTR_KPARAM_INFO`` records are the kernel's own parameters (the same list
-``cuFuncGetParamInfo`` reports) with their ordinal, offset and size.
+A cubin is an ELF64 little-endian executable for EM_CUDA. :func:`parse_cubin` checks that every
+header, offset, size and index is in bounds and every table well formed (docs/bundle-format.md,
+"Cubins": rules E1-E27), so that nothing malformed ever reaches the CUDA driver, and reads what
+the bundle checks need: the SM arch from ``e_flags``, the symbol table, and per kernel the
+``.nv.info`` attributes whose ``EIATTR_KPARAM_INFO`` records are its parameters (what
+``cuFuncGetParamInfo`` reports) and ``EIATTR_REQNTID`` its block size.
+
+The C++ loader has the same reader (optimizer/luminav-triton-aot/src/aot/elf.cpp); the shared
+corpus under tests/data/bundles holds cubins both must refuse with the same code.
 """
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 ELF_MAGIC = b"\x7fELF"
-_ELFCLASS64 = 2
-_ELFDATA2LSB = 1
+EM_CUDA = 190
+ET_EXEC = 2
+ELF_ABI_VERSIONS = (7, 8)  # the e_flags layouts read here (ptxas of CUDA 11-12.7, 12.8+)
+EHDR_SIZE, SHDR_SIZE, PHDR_SIZE, SYM_SIZE, RELA_SIZE, REL_SIZE = 64, 64, 56, 24, 24, 16
 _EHDR = struct.Struct("<HHIQQQIHHHHHH")  # from offset 16
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _PHDR = struct.Struct("<IIQQQQQQ")
-EM_CUDA = 190
+_SYM = struct.Struct("<IBBHQQ")
 
-# nvinfo attribute formats and the ids read here (from the CUDA ELF "EIATTR" list)
-_EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 1, 2, 3, 4
+SHT_NULL, SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_RELA = 0, 1, 2, 3, 4
+SHT_NOTE, SHT_NOBITS, SHT_REL = 7, 8, 9
+SHT_LOPROC, SHT_HIPROC = 0x70000000, 0x7FFFFFFF
+SHT_CUDA_INFO, SHT_CUDA_CALLGRAPH = 0x70000000, 0x70000001
+ALLOWED_SECTION_TYPES = (SHT_NULL, SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_RELA, SHT_NOTE,
+                         SHT_NOBITS, SHT_REL)
+SHF_EXECINSTR, SHF_INFO_LINK = 0x4, 0x40
+# write, alloc, execinstr, info-link, and the OS- and processor-specific bits
+ALLOWED_SECTION_FLAGS = 0x1 | 0x2 | 0x4 | 0x40 | 0x0FF00000 | 0xF0000000
+SHN_LORESERVE = 0xFF00
+STT_OBJECT, STT_FUNC = 1, 2
+STB_GLOBAL = 1
+CALLGRAPH_MARKERS = 0xFFFFFFF0  # callgraph words at or above this are markers, not symbols
+
+# .nv.info record formats and the attributes checked here (NVIDIA's EIATTR list)
+EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL, EIFMT_SVAL = 1, 2, 3, 4
+EIATTR_MAX_THREADS = 0x05
+EIATTR_PARAM_CBANK = 0x0A
+EIATTR_REQNTID = 0x10
+EIATTR_FRAME_SIZE = 0x11
+EIATTR_MIN_STACK_SIZE = 0x12
 EIATTR_KPARAM_INFO = 0x17
 EIATTR_CBANK_PARAM_SIZE = 0x19
+EIATTR_EXIT_INSTR_OFFSETS = 0x1C
+EIATTR_S2RCTAID_INSTR_OFFSETS = 0x1D
+EIATTR_MAX_STACK_SIZE = 0x23
+EIATTR_LD_CACHEMOD_INSTR_OFFSETS = 0x25
+EIATTR_ATOM_SYS_INSTR_OFFSETS = 0x27
+EIATTR_COOP_GROUP_INSTR_OFFSETS = 0x28
+EIATTR_REGCOUNT = 0x2F
+# (symbol index u32, value u32) records
+SYMBOL_VALUE_ATTRS = (EIATTR_FRAME_SIZE, EIATTR_MIN_STACK_SIZE, EIATTR_MAX_STACK_SIZE,
+                      EIATTR_REGCOUNT)
+INSTR_OFFSET_ATTRS = (EIATTR_EXIT_INSTR_OFFSETS, EIATTR_S2RCTAID_INSTR_OFFSETS,
+                      EIATTR_LD_CACHEMOD_INSTR_OFFSETS, EIATTR_ATOM_SYS_INSTR_OFFSETS,
+                      EIATTR_COOP_GROUP_INSTR_OFFSETS)
 
 
 class CubinError(ValueError):
-    """The bytes are not a whole, well-formed cubin."""
+    """The bytes are not a whole, well-formed cubin; ``code`` is the rule book's
+    (``truncated``, ``elf_header`` or ``elf_section``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -38,128 +81,359 @@ class KernelParam:
 
 
 @dataclass(frozen=True)
+class Section:
+    index: int
+    name: str
+    type: int
+    flags: int
+    offset: int
+    size: int
+    link: int
+    info: int
+    align: int
+    entsize: int
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    value: int
+    size: int
+    type: int
+    bind: int
+    other: int
+    shndx: int
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """The ``.nv.info`` attributes of one function (the section whose sh_info is its code)."""
+
+    params: Tuple[KernelParam, ...]
+    cbank_param_size: Optional[int]  # EIATTR_CBANK_PARAM_SIZE
+    param_cbank: Optional[Tuple[int, int, int]]  # EIATTR_PARAM_CBANK: (symbol, offset, size)
+    reqntid: Optional[Tuple[int, int, int]]  # EIATTR_REQNTID
+    max_threads: Optional[Tuple[int, int, int]]  # EIATTR_MAX_THREADS
+
+
+@dataclass(frozen=True)
 class CubinInfo:
     size: int
     elf_abi_version: int
     e_flags: int
-    arch: Optional[int]  # SM arch (e.g. 90) where the e_flags layout is known, else None
-    sections: Tuple[str, ...]
-    # entry name -> its parameters in ordinal order (from .nv.info.<entry>)
-    params: Dict[str, Tuple[KernelParam, ...]]
-    # entry name -> total parameter bytes (EIATTR_CBANK_PARAM_SIZE), where present
-    param_bytes: Dict[str, int]
+    arch: int  # SM arch, e.g. 90
+    sections: Tuple[Section, ...]
+    symbols: Tuple[Symbol, ...]
+    # code section index -> the .nv.info sections whose sh_info names it
+    function_info: Dict[int, Tuple[FunctionInfo, ...]] = field(default_factory=dict)
+
+    @property
+    def section_names(self) -> Tuple[str, ...]:
+        return tuple(s.name for s in self.sections)
+
+    def entry_symbols(self, name: str) -> List[Symbol]:
+        """Global function symbols named ``name`` defined in a code section."""
+        return [s for s in self.symbols if s.name == name and s.type == STT_FUNC
+                and s.bind == STB_GLOBAL and 0 < s.shndx < len(self.sections)
+                and self.sections[s.shndx].type == SHT_PROGBITS
+                and self.sections[s.shndx].flags & SHF_EXECINSTR]
+
+    @property
+    def params(self) -> Dict[str, Tuple[KernelParam, ...]]:
+        """Entry name -> its parameters in ordinal order, for every kernel with one .nv.info."""
+        out: Dict[str, Tuple[KernelParam, ...]] = {}
+        for s in self.symbols:
+            if s.type == STT_FUNC and s.bind == STB_GLOBAL:
+                infos = self.function_info.get(s.shndx, ())
+                if len(infos) == 1:
+                    out[s.name] = tuple(sorted(infos[0].params, key=lambda p: p.ordinal))
+        return out
 
 
-def _arch_from_flags(abi_version: int, e_flags: int) -> Optional[int]:
-    # ELF ABI version 7 (CUDA 11 - 12.x, what Triton's ptxas writes): the SM number is the
-    # low byte of e_flags (0x5a = 90). Other layouts are not decoded.
-    if abi_version == 7:
-        return e_flags & 0xFF
-    # ELF ABI version 8 (the ptxas of CUDA 12.8 and later, e.g. in Triton 3.9): the SM arch
-    # moved to the second byte (0x5a04: sm_90).
-    if abi_version == 8:
-        return (e_flags >> 8) & 0xFF
-    return None
+def arch_from_flags(abi_version: int, e_flags: int) -> int:
+    """The SM arch in ``e_flags``: the low byte for ELF ABI version 7 (0x5a = 90), the second
+    byte for version 8 (the ptxas of CUDA 12.8 and later: 0x5a04 is sm_90)."""
+    return e_flags & 0xFF if abi_version == 7 else (e_flags >> 8) & 0xFF
+
+
+def _pow2_or_zero(v: int) -> bool:
+    return v & (v - 1) == 0
 
 
 def parse_cubin(data: bytes) -> CubinInfo:
-    """Check that ``data`` is a whole cubin and read what verification needs."""
+    """Checks ``data`` against rules E1-E27 and reads what the bundle checks need.
+
+    Raises :class:`CubinError` at the first rule broken, in the rule book's order.
+    """
     n = len(data)
-    if n < 64:
-        raise CubinError(f"{n} bytes is too short for an ELF64 header (64 bytes): truncated")
+
+    def truncated(msg: str) -> CubinError:
+        return CubinError("truncated", f"{msg} but the file has {n} bytes: truncated")
+
+    def header(msg: str) -> CubinError:
+        return CubinError("elf_header", msg)
+
+    def section(msg: str) -> CubinError:
+        return CubinError("elf_section", msg)
+
+    # E1-E12: the ELF header
+    if n < EHDR_SIZE:
+        raise CubinError("truncated", f"{n} bytes is too short for an ELF64 header (64 bytes): "
+                         "truncated")
     if data[:4] != ELF_MAGIC:
-        raise CubinError(f"does not start with the ELF magic 7f 45 4c 46 (found {data[:4].hex(' ')})")
-    if data[4] != _ELFCLASS64 or data[5] != _ELFDATA2LSB:
-        raise CubinError(f"not a little-endian ELF64 file (class {data[4]}, data {data[5]})")
-    (_e_type, e_machine, _e_version, _e_entry, e_phoff, e_shoff, e_flags, _e_ehsize,
+        raise header(f"does not start with the ELF magic 7f 45 4c 46 (found {data[:4].hex(' ')})")
+    if data[4] != 2 or data[5] != 1:
+        raise header(f"not a little-endian ELF64 file (class {data[4]}, data {data[5]})")
+    if data[6] != 1:
+        raise header(f"ELF identification version {data[6]}, not 1")
+    (e_type, e_machine, _e_version, _e_entry, e_phoff, e_shoff, e_flags, e_ehsize,
      e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx) = _EHDR.unpack_from(data, 16)
     if e_machine != EM_CUDA:
-        raise CubinError(f"ELF machine is {e_machine}, not CUDA ({EM_CUDA})")
-    if e_shentsize != _SHDR.size or e_shnum == 0:
-        raise CubinError(f"bad section header table (entry size {e_shentsize}, count {e_shnum})")
-    end = e_shoff + e_shnum * e_shentsize
-    if end > n:
-        raise CubinError(f"the section header table ends at byte {end} but the file has {n}: "
-                         "truncated")
-    if e_phnum:
-        if e_phentsize != _PHDR.size:
-            raise CubinError(f"bad program header table (entry size {e_phentsize})")
-        pend = e_phoff + e_phnum * e_phentsize
-        if pend > n:
-            raise CubinError(f"the program header table ends at byte {pend} but the file has "
-                             f"{n}: truncated")
-        for i in range(e_phnum):
-            _pt, _pf, p_offset, _va, _pa, p_filesz, _memsz, _al = _PHDR.unpack_from(
-                data, e_phoff + i * e_phentsize)
-            if p_offset + p_filesz > n:
-                raise CubinError(f"segment {i} ends at byte {p_offset + p_filesz} but the file "
-                                 f"has {n}: truncated")
-    shdrs = [_SHDR.unpack_from(data, e_shoff + i * e_shentsize) for i in range(e_shnum)]
-    for i, sh in enumerate(shdrs):
-        sh_type, sh_offset, sh_size = sh[1], sh[4], sh[5]
-        if sh_type != 8 and sh_offset + sh_size > n:  # 8 = SHT_NOBITS occupies no file bytes
-            raise CubinError(f"section {i} ends at byte {sh_offset + sh_size} but the file has "
-                             f"{n}: truncated")
-    if e_shstrndx >= e_shnum:
-        raise CubinError(f"section name table index {e_shstrndx} out of range ({e_shnum})")
-    strtab = shdrs[e_shstrndx]
-
-    def name_of(off: int) -> str:
-        start = strtab[4] + off
-        stop = data.find(b"\0", start, strtab[4] + strtab[5])
-        if stop < 0:
-            raise CubinError("unterminated section name")
-        return data[start:stop].decode("ascii", "replace")
-
-    names = tuple(name_of(sh[0]) for sh in shdrs)
-    params: Dict[str, Tuple[KernelParam, ...]] = {}
-    param_bytes: Dict[str, int] = {}
-    for name, sh in zip(names, shdrs):
-        if name.startswith(".nv.info."):
-            entry = name[len(".nv.info."):]
-            plist, pbytes = _read_nvinfo(data[sh[4]:sh[4] + sh[5]])
-            params[entry] = tuple(sorted(plist, key=lambda p: p.ordinal))
-            if pbytes is not None:
-                param_bytes[entry] = pbytes
+        raise header(f"ELF machine is {e_machine}, not CUDA ({EM_CUDA})")
     abi = data[8]
-    return CubinInfo(size=n, elf_abi_version=abi, e_flags=e_flags,
-                     arch=_arch_from_flags(abi, e_flags), sections=names, params=params,
-                     param_bytes=param_bytes)
-
-
-def _read_nvinfo(blob: bytes) -> Tuple[List[KernelParam], Optional[int]]:
-    out: List[KernelParam] = []
-    total: Optional[int] = None
-    p = 0
-    while p + 2 <= len(blob):
-        fmt, attr = blob[p], blob[p + 1]
-        p += 2
-        if fmt == _EIFMT_SVAL:
-            if p + 2 > len(blob):
-                raise CubinError("truncated .nv.info attribute")
-            (size,) = struct.unpack_from("<H", blob, p)
-            p += 2
-            val = blob[p:p + size]
-            if len(val) != size:
-                raise CubinError("truncated .nv.info attribute")
-            p += size
-        elif fmt in (_EIFMT_HVAL, _EIFMT_BVAL, _EIFMT_NVAL):
-            # every record header is 4 bytes: format, attribute, then a 2-byte field that
-            # holds the value (HVAL), the value and a pad byte (BVAL), or nothing (NVAL)
-            if p + 2 > len(blob):
-                raise CubinError("truncated .nv.info attribute")
-            val = blob[p:p + (2 if fmt == _EIFMT_HVAL else 1 if fmt == _EIFMT_BVAL else 0)]
-            p += 2
+    if abi not in ELF_ABI_VERSIONS:
+        raise header(f"ELF ABI version {abi}, not one whose e_flags layout this reader knows "
+                     f"({', '.join(map(str, ELF_ABI_VERSIONS))})")
+    if e_type != ET_EXEC:
+        raise header(f"ELF type {e_type}, not an executable (2)")
+    if e_ehsize != EHDR_SIZE:
+        raise header(f"ELF header size {e_ehsize}, not 64")
+    if e_shentsize != SHDR_SIZE:
+        raise header(f"section header size {e_shentsize}, not 64")
+    if e_shnum == 0 or e_shnum >= SHN_LORESERVE:
+        raise header(f"section count {e_shnum} (extended numbering is not used by cubins)")
+    if e_shstrndx == 0 or e_shstrndx >= e_shnum:
+        raise header(f"section name table index {e_shstrndx} out of range 1..{e_shnum - 1}")
+    if e_phnum and (e_phentsize != PHDR_SIZE or e_phnum == 0xFFFF):
+        raise header(f"program header table of {e_phnum} entries of {e_phentsize} bytes "
+                     "(entries are 56 bytes)")
+    # E13-E16: everything the headers point at lies inside the file
+    if e_shoff + e_shnum * SHDR_SIZE > n:
+        raise truncated(f"the section header table ends at byte {e_shoff + e_shnum * SHDR_SIZE}")
+    if e_phnum and e_phoff + e_phnum * PHDR_SIZE > n:
+        raise truncated(f"the program header table ends at byte {e_phoff + e_phnum * PHDR_SIZE}")
+    raw = [_SHDR.unpack_from(data, e_shoff + i * SHDR_SIZE) for i in range(e_shnum)]
+    for i, (_nm, typ, _fl, _addr, off, size, _lk, _inf, _al, _es) in enumerate(raw):
+        if typ not in (SHT_NOBITS, SHT_NULL) and off + size > n:
+            raise truncated(f"section {i} ends at byte {off + size}")
+    for i in range(e_phnum):
+        (_pt, _pf, p_offset, _va, _pa, p_filesz, p_memsz, p_align) = _PHDR.unpack_from(
+            data, e_phoff + i * PHDR_SIZE)
+        if p_offset + p_filesz > n:
+            raise truncated(f"segment {i} ends at byte {p_offset + p_filesz}")
+    for i in range(e_phnum):
+        (_pt, _pf, _off, _va, _pa, p_filesz, p_memsz, p_align) = _PHDR.unpack_from(
+            data, e_phoff + i * PHDR_SIZE)
+        if p_filesz > p_memsz or not _pow2_or_zero(p_align):
+            raise section(f"segment {i}: file size {p_filesz}, memory size {p_memsz}, "
+                          f"alignment {p_align}")
+    # E17-E20: the section table
+    if data[e_shoff:e_shoff + SHDR_SIZE] != bytes(SHDR_SIZE):
+        raise section("section 0 is not the null section (all zero)")
+    for i in range(1, e_shnum):
+        _nm, typ, flags, _addr, off, size, link, _inf, align, entsize = raw[i]
+        if typ not in ALLOWED_SECTION_TYPES and not SHT_LOPROC <= typ <= SHT_HIPROC:
+            raise section(f"section {i} has type {typ:#x}")
+        if flags & ~ALLOWED_SECTION_FLAGS:
+            raise section(f"section {i} has flags {flags:#x}")
+        if not _pow2_or_zero(align):
+            raise section(f"section {i} has alignment {align}")
+        want_ent = {SHT_SYMTAB: SYM_SIZE, SHT_RELA: RELA_SIZE, SHT_REL: REL_SIZE}.get(typ)
+        if want_ent is not None and (entsize != want_ent or size % want_ent):
+            raise section(f"section {i} (type {typ}) has entries of {entsize} bytes and size "
+                          f"{size} (entries are {want_ent} bytes)")
+        if link >= e_shnum:
+            raise section(f"section {i} links section {link}, out of range")
+        link_type = raw[link][1] if link else None
+        if typ == SHT_SYMTAB and link_type != SHT_STRTAB:
+            raise section(f"symbol table {i} links section {link}, not a string table")
+        needs_symtab = typ in (SHT_REL, SHT_RELA, SHT_CUDA_INFO, SHT_CUDA_CALLGRAPH) or (
+            typ == SHT_PROGBITS and flags & SHF_EXECINSTR)
+        if needs_symtab and link and link_type != SHT_SYMTAB:
+            raise section(f"section {i} links section {link}, not the symbol table")
+        if typ == SHT_STRTAB and (size == 0 or data[off] != 0 or data[off + size - 1] != 0):
+            raise section(f"string table {i} does not start and end with a NUL byte")
+    shstr = raw[e_shstrndx]
+    if shstr[1] != SHT_STRTAB:
+        raise section(f"section name table {e_shstrndx} has type {shstr[1]:#x}, not a string "
+                      "table")
+    for i in range(e_shnum):
+        if raw[i][0] >= shstr[5]:
+            raise section(f"section {i}'s name at {raw[i][0]} is outside the name table "
+                          f"({shstr[5]} bytes)")
+    # E21: no two extents of the file overlap
+    extents = [(0, EHDR_SIZE, "the ELF header"), (e_shoff, e_shnum * SHDR_SIZE,
+                                                  "the section header table")]
+    if e_phnum:
+        extents.append((e_phoff, e_phnum * PHDR_SIZE, "the program header table"))
+    extents += [(s[4], s[5], f"section {i}") for i, s in enumerate(raw)
+                if s[1] not in (SHT_NOBITS, SHT_NULL) and s[5] > 0]
+    extents.sort(key=lambda x: (x[0], x[1]))
+    for (a_off, a_size, a_what), (b_off, _b_size, b_what) in zip(extents, extents[1:]):
+        if a_off + a_size > b_off:
+            raise section(f"{a_what} and {b_what} overlap")
+    # E22-E23: the symbol table and the sh_info fields
+    symtabs = [i for i in range(e_shnum) if raw[i][1] == SHT_SYMTAB]
+    if len(symtabs) > 1:
+        raise section(f"{len(symtabs)} symbol tables")
+    nsyms = raw[symtabs[0]][5] // SYM_SIZE if symtabs else 0
+    for i in range(1, e_shnum):
+        typ, flags, info = raw[i][1], raw[i][2], raw[i][7]
+        if typ == SHT_SYMTAB:
+            ok = info <= nsyms
+        elif typ in (SHT_REL, SHT_RELA) or flags & SHF_INFO_LINK:
+            ok = 1 <= info < e_shnum
+        elif typ == SHT_PROGBITS and flags & SHF_EXECINSTR:
+            # the function's symbol in the low 24 bits; ptxas puts the register count of an
+            # sm_80 kernel in the high byte (0x28000009: 40 registers, symbol 9)
+            ok = info & 0xFFFFFF < max(nsyms, 1)
         else:
-            raise CubinError(f"unknown .nv.info attribute format {fmt}")
-        if attr == EIATTR_KPARAM_INFO and len(val) >= 12:
+            ok = info == 0
+        if not ok:
+            raise section(f"section {i} (type {typ:#x}) has sh_info {info}")
+
+    def name_at(table: Tuple, off: int) -> str:
+        start = table[4] + off
+        return data[start:data.index(b"\0", start)].decode("utf-8", "backslashreplace")
+
+    sections = tuple(Section(i, name_at(shstr, s[0]), s[1], s[2], s[4], s[5], s[6], s[7],
+                             s[8], s[9]) for i, s in enumerate(raw))
+    # E24: symbols
+    symbols: List[Symbol] = []
+    if symtabs:
+        st = raw[symtabs[0]]
+        strtab = raw[st[6]]
+        for j in range(nsyms):
+            st_name, st_info, st_other, st_shndx, st_value, st_size = _SYM.unpack_from(
+                data, st[4] + j * SYM_SIZE)
+            if st_name >= strtab[5]:
+                raise section(f"symbol {j}'s name at {st_name} is outside its string table "
+                              f"({strtab[5]} bytes)")
+            if e_shnum <= st_shndx < SHN_LORESERVE:
+                raise section(f"symbol {j} is in section {st_shndx}, out of range")
+            stype = st_info & 0xF
+            if stype in (STT_FUNC, STT_OBJECT) and 0 < st_shndx < e_shnum and \
+                    st_value + st_size > raw[st_shndx][5]:
+                raise section(f"symbol {j} ends at {st_value + st_size}, past its section "
+                              f"({raw[st_shndx][5]} bytes)")
+            symbols.append(Symbol(name_at(strtab, st_name), st_value, st_size, stype,
+                                  st_info >> 4, st_other, st_shndx))
+    # E25: relocations
+    for i in range(1, e_shnum):
+        typ, off, size, info = raw[i][1], raw[i][4], raw[i][5], raw[i][7]
+        if typ not in (SHT_REL, SHT_RELA):
+            continue
+        ent = RELA_SIZE if typ == SHT_RELA else REL_SIZE
+        target_size = raw[info][5]
+        for k in range(size // ent):
+            r_offset, r_info = struct.unpack_from("<QQ", data, off + k * ent)
+            if r_info >> 32 >= nsyms:
+                raise section(f"relocation {k} of section {i} names symbol {r_info >> 32} of "
+                              f"{nsyms}")
+            if r_offset >= target_size:
+                raise section(f"relocation {k} of section {i} is at {r_offset}, past section "
+                              f"{info} ({target_size} bytes)")
+    # E26: .nv.info records
+    function_info: Dict[int, List[FunctionInfo]] = {}
+    for i in range(1, e_shnum):
+        typ, flags, off, size, info = raw[i][1], raw[i][2], raw[i][4], raw[i][5], raw[i][7]
+        if typ != SHT_CUDA_INFO:
+            continue
+        code_size = None
+        if flags & SHF_INFO_LINK:
+            target = raw[info]
+            if target[1] != SHT_PROGBITS or not target[2] & SHF_EXECINSTR:
+                raise section(f".nv.info section {i} describes section {info}, which holds no "
+                              "code")
+            code_size = target[5]
+        fi = _read_nvinfo(data[off:off + size], i, nsyms, code_size)
+        if flags & SHF_INFO_LINK:
+            function_info.setdefault(info, []).append(fi)
+    # E27: the call graph
+    for i in range(1, e_shnum):
+        typ, off, size = raw[i][1], raw[i][4], raw[i][5]
+        if typ != SHT_CUDA_CALLGRAPH:
+            continue
+        if size % 8:
+            raise section(f"call graph section {i} is {size} bytes, not pairs of 4-byte words")
+        for k in range(size // 4):
+            (w,) = struct.unpack_from("<I", data, off + 4 * k)
+            if w >= nsyms and w < CALLGRAPH_MARKERS:
+                raise section(f"call graph section {i} names symbol {w} of {nsyms}")
+    return CubinInfo(size=n, elf_abi_version=abi, e_flags=e_flags,
+                     arch=arch_from_flags(abi, e_flags), sections=sections,
+                     symbols=tuple(symbols),
+                     function_info={k: tuple(v) for k, v in function_info.items()})
+
+
+def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int]) -> FunctionInfo:
+    def bad(msg: str) -> CubinError:
+        return CubinError("elf_section", f".nv.info section {index}: {msg}")
+
+    params: List[KernelParam] = []
+    cbank_param_size = param_cbank = reqntid = max_threads = None
+    p = 0
+    while p < len(blob):
+        if p + 4 > len(blob):
+            raise bad(f"a record at {p} is cut short")
+        fmt, attr = blob[p], blob[p + 1]
+        if fmt == EIFMT_SVAL:
+            (size,) = struct.unpack_from("<H", blob, p + 2)
+            if p + 4 + size > len(blob):
+                raise bad(f"attribute {attr:#x} at {p} of {size} bytes is cut short")
+            val = blob[p + 4:p + 4 + size]
+            p += 4 + size
+        elif fmt in (EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL):
+            val = blob[p + 2:p + 4]
+            p += 4
+        else:
+            raise bad(f"attribute {attr:#x} at {p} has format {fmt}")
+
+        def need(sval_size: Optional[int], what: str) -> None:
+            if fmt != EIFMT_SVAL or (sval_size is not None and len(val) != sval_size):
+                raise bad(f"{what} (attribute {attr:#x}) has format {fmt} and {len(val)} bytes")
+
+        if attr in SYMBOL_VALUE_ATTRS:
+            need(8, "a per-function value")
+            (sym,) = struct.unpack_from("<I", val, 0)
+            if sym >= nsyms:
+                raise bad(f"attribute {attr:#x} names symbol {sym} of {nsyms}")
+        elif attr == EIATTR_KPARAM_INFO:
+            need(12, "a parameter record")
             _index, ordinal, offset, flags = struct.unpack_from("<IHHI", val, 0)
-            out.append(KernelParam(ordinal=ordinal, offset=offset, size=(flags >> 18) & 0x3FFF))
-        elif attr == EIATTR_CBANK_PARAM_SIZE and len(val) == 2:
-            (total,) = struct.unpack("<H", val)
-    return out, total
+            params.append(KernelParam(ordinal=ordinal, offset=offset, size=(flags >> 18) & 0x3FFF))
+        elif attr == EIATTR_CBANK_PARAM_SIZE:
+            if fmt != EIFMT_HVAL:
+                raise bad(f"the parameter bank size (attribute {attr:#x}) has format {fmt}")
+            (cbank_param_size,) = struct.unpack("<H", val)
+        elif attr == EIATTR_PARAM_CBANK:
+            need(8, "the parameter bank")
+            sym, word = struct.unpack_from("<II", val, 0)
+            if sym >= nsyms:
+                raise bad(f"the parameter bank names symbol {sym} of {nsyms}")
+            param_cbank = (sym, word & 0xFFFF, word >> 16)
+        elif attr in (EIATTR_REQNTID, EIATTR_MAX_THREADS):
+            need(12, "a block size")
+            dims = struct.unpack_from("<III", val, 0)
+            if attr == EIATTR_REQNTID:
+                reqntid = dims
+            else:
+                max_threads = dims
+        elif attr in INSTR_OFFSET_ATTRS:
+            need(None, "instruction offsets")
+            if len(val) % 4:
+                raise bad(f"instruction offsets (attribute {attr:#x}) of {len(val)} bytes")
+            for (o,) in struct.iter_unpack("<I", val):
+                if code_size is None or o >= code_size:
+                    raise bad(f"instruction offset {o} (attribute {attr:#x}) outside the code "
+                              f"({code_size} bytes)")
+    return FunctionInfo(params=tuple(params), cbank_param_size=cbank_param_size,
+                        param_cbank=param_cbank, reqntid=reqntid, max_threads=max_threads)
 
 
 def has_symbol(data: bytes, name: str) -> bool:
-    """Whether ``name`` appears as a NUL-terminated string in the cubin (its symbol tables)."""
-    return (b"\0" + name.encode() + b"\0") in data
+    """Whether ``name`` is a global function symbol of the (well-formed) cubin ``data``."""
+    try:
+        return bool(parse_cubin(data).entry_symbols(name))
+    except CubinError:
+        return False
