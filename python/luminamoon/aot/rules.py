@@ -50,8 +50,11 @@ RULES: Tuple[Tuple[str, str], ...] = (
 )
 CODES: Tuple[str, ...] = tuple(code for code, _ in RULES)
 
-# Codes raised outside the bundle rule book (a lookup, not a refusal of the bundle).
-LOOKUP_CODES = ("not_found",)
+# Codes raised outside the bundle rule book: a lookup (not a refusal of the bundle), and the C++
+# runtime's checks at load on a device (a cubin the device cannot run, more threads or shared
+# memory than it allows, a parameter list the driver reports differently), which reach Python
+# through the native module.
+LOOKUP_CODES = ("not_found", "device")
 
 MANIFEST_MAX_BYTES = 16 << 20
 CUBIN_MAX_BYTES = 64 << 20
