@@ -7,7 +7,7 @@ A code is stable: tools and tests match on it, never on the message.
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 # (code, what it refuses), in the order the rule book checks them.
 RULES: Tuple[Tuple[str, str], ...] = (
@@ -71,12 +71,14 @@ class BundleError(ValueError):
     """
 
     def __init__(self, code: str, path: str, field: str, expected: Any, found: Any,
-                 fix: str = "") -> None:
+                 fix: str = "", *, message: Optional[str] = None) -> None:
         if code not in CODES and code not in LOOKUP_CODES:
             raise AssertionError(f"unknown bundle rule code {code!r}")
         self.code, self.path, self.field = code, str(path), field
         self.expected, self.found, self.fix = expected, found, fix
-        msg = f"{self.path}: {field}: expected {expected}, found {found}"
-        if fix:
-            msg += f"; {fix}"
-        super().__init__(f"{msg} [{code}]")
+        if message is None:  # the native module passes the C++ loader's own message
+            message = f"{self.path}: {field}: expected {expected}, found {found}"
+            if fix:
+                message += f"; {fix}"
+            message += f" [{code}]"
+        super().__init__(message)
