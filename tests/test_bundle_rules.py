@@ -161,7 +161,7 @@ C0 = json.loads(BASE_MANIFEST)["kernels"][0]["cubin"]
 BASE_CUBIN = open(os.path.join(bc.BASE, C0), "rb").read()
 TOKENS = [b"{", b"}", b"[", b"]", b'"', b",", b":", b"-", b"0", b"9" * 25, b"1e999", b"0.5",
           b"true", b"null", b"NaN", b"\\ud800", b"\\u0000", b"\xff", b"\xc0\x80", b"\xed\xa0\x80",
-          b"\xef\xbb\xbf", b"[" * 40, b'"key": 1, "key": 2']
+          b"\xef\xbb\xbf", b"[" * 40, b'"key": 1, "key": 2', b"\x00"]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2 ** 70), max_value=2 ** 70)

@@ -213,6 +213,8 @@ def cases(base: str) -> list:
           "text": text.replace('"num_warps": 4', '"num_warps": 4, "num_warps": 8', 1)})
     case("json-trailing-garbage", "bad_json", "(file)", J,
          {"op": "write", "file": "manifest.json", "text": text + "x"})
+    case("json-nul-then-garbage", "bad_json", "(file)", "loaders agree",
+         {"op": "write", "file": "manifest.json", "text": text + "\u0000 garbage"})
     case("json-empty", "bad_json", "(file)", J, {"op": "write", "file": "manifest.json", "text": ""})
     case("json-top-level-array", "bad_type", "(top level)", J,
          {"op": "write", "file": "manifest.json", "text": "[1, 2]"})

@@ -99,6 +99,10 @@ json parse_manifest_json(const std::string& text) {
       static_cast<unsigned char>(text[2]) == 0xbf) {
     throw ManifestJsonError("a UTF-8 byte-order mark");
   }
+  // nlohmann's lexer takes a NUL byte for the end of the input, and would accept what follows
+  // unread; no JSON text holds a raw NUL (inside a string it must be escaped).
+  const std::size_t nul = text.find('\0');
+  if (nul != std::string::npos) throw ManifestJsonError("a NUL byte at byte " + std::to_string(nul));
   StrictSax sax;
   bool ok = false;
   try {

@@ -1,7 +1,7 @@
 // src/aot/manifest_json.h: the JSON profile of a bundle manifest (docs/bundle-format.md, rules
 // J1-J5), the same as python/luminamoon/aot/manifest.py parse_manifest_bytes
 //
-// UTF-8 JSON with no byte-order mark, no lone surrogate, no object key twice, nesting at most
+// UTF-8 JSON with no byte-order mark, no raw NUL byte, no lone surrogate, no object key twice, nesting at most
 // kJsonMaxDepth deep, and integers only, each in the int64 range (a fraction, an exponent or a
 // bigger number is refused rather than rounded). Parsed without recursion (a SAX handler), so
 // no input exhausts the stack.
