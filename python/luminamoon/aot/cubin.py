@@ -27,17 +27,21 @@ _PHDR = struct.Struct("<IIQQQQQQ")
 _SYM = struct.Struct("<IBBHQQ")
 
 SHT_NULL, SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_RELA = 0, 1, 2, 3, 4
-SHT_NOTE, SHT_NOBITS, SHT_REL = 7, 8, 9
-SHT_LOPROC, SHT_HIPROC = 0x70000000, 0x7FFFFFFF
-SHT_CUDA_INFO, SHT_CUDA_CALLGRAPH = 0x70000000, 0x70000001
-ALLOWED_SECTION_TYPES = (SHT_NULL, SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_RELA, SHT_NOTE,
-                         SHT_NOBITS, SHT_REL)
-SHF_EXECINSTR, SHF_INFO_LINK = 0x4, 0x40
-# write, alloc, execinstr, info-link, and the OS- and processor-specific bits
-ALLOWED_SECTION_FLAGS = 0x1 | 0x2 | 0x4 | 0x40 | 0x0FF00000 | 0xF0000000
+SHT_NOBITS, SHT_REL = 8, 9
+SHT_CUDA_INFO, SHT_CUDA_CALLGRAPH, SHT_CUDA_RELOCINFO = 0x70000000, 0x70000001, 0x7000000B
+# The section types of a cubin ptxas writes for a Triton kernel (every sm_80 and sm_90 cubin of
+# Triton 3.6's bundles). The driver parses more CUDA types (prototypes, resolved relocations,
+# metadata, UFT...), each its own way: a section retyped to one of them is refused, not parsed.
+ALLOWED_SECTION_TYPES = (SHT_NULL, SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_RELA, SHT_NOBITS,
+                         SHT_REL, SHT_CUDA_INFO, SHT_CUDA_CALLGRAPH, SHT_CUDA_RELOCINFO)
+SHF_ALLOC, SHF_EXECINSTR, SHF_INFO_LINK = 0x2, 0x4, 0x40
+# write, alloc, execinstr, info-link, and the one CUDA bit ptxas sets on some code (0x100000)
+ALLOWED_SECTION_FLAGS = 0x1 | 0x2 | 0x4 | 0x40 | 0x100000
+PT_LOAD, PT_PHDR = 1, 6
 SHN_LORESERVE = 0xFF00
-STT_OBJECT, STT_FUNC = 1, 2
+STT_OBJECT, STT_FUNC, STT_SECTION = 1, 2, 3
 STB_GLOBAL = 1
+STO_CUDA_ENTRY = 0x10  # st_other of a kernel's entry symbol
 CALLGRAPH_MARKERS = 0xFFFFFFF0  # callgraph words at or above this are markers, not symbols
 
 # .nv.info record formats and the attributes checked here (NVIDIA's EIATTR list)
@@ -55,13 +59,27 @@ EIATTR_MAX_STACK_SIZE = 0x23
 EIATTR_LD_CACHEMOD_INSTR_OFFSETS = 0x25
 EIATTR_ATOM_SYS_INSTR_OFFSETS = 0x27
 EIATTR_COOP_GROUP_INSTR_OFFSETS = 0x28
+EIATTR_EXTERNS = 0x0F
+EIATTR_ATOMF16_EMUL_INSTR_OFFSETS = 0x2D
+EIATTR_INT_WARP_WIDE_INSTR_OFFSETS = 0x31
+EIATTR_MBARRIER_INSTR_OFFSETS = 0x39
+EIATTR_SYSCALL_OFFSETS = 0x46
+EIATTR_SW_WAR_MEMBAR_SYS_INSTR_OFFSETS = 0x47
+EIATTR_STACK_CANARY_TRAP_OFFSETS = 0x57
+EIATTR_LOCAL_CTA_ASYNC_STORE_OFFSETS = 0x59
 EIATTR_REGCOUNT = 0x2F
+# The attributes NVIDIA's cuobjdump (CUDA 12.8, in the Triton 3.6 wheel) names: 0x01-0x5a but
+# 0x56. Another id is refused: the driver would read its bytes by rules this reader cannot check.
+KNOWN_ATTRS = frozenset(range(0x01, 0x5B)) - {0x56}
 # (symbol index u32, value u32) records
 SYMBOL_VALUE_ATTRS = (EIATTR_FRAME_SIZE, EIATTR_MIN_STACK_SIZE, EIATTR_MAX_STACK_SIZE,
                       EIATTR_REGCOUNT)
 INSTR_OFFSET_ATTRS = (EIATTR_EXIT_INSTR_OFFSETS, EIATTR_S2RCTAID_INSTR_OFFSETS,
                       EIATTR_LD_CACHEMOD_INSTR_OFFSETS, EIATTR_ATOM_SYS_INSTR_OFFSETS,
-                      EIATTR_COOP_GROUP_INSTR_OFFSETS)
+                      EIATTR_COOP_GROUP_INSTR_OFFSETS, EIATTR_ATOMF16_EMUL_INSTR_OFFSETS,
+                      EIATTR_INT_WARP_WIDE_INSTR_OFFSETS, EIATTR_MBARRIER_INSTR_OFFSETS,
+                      EIATTR_SYSCALL_OFFSETS, EIATTR_SW_WAR_MEMBAR_SYS_INSTR_OFFSETS,
+                      EIATTR_STACK_CANARY_TRAP_OFFSETS, EIATTR_LOCAL_CTA_ASYNC_STORE_OFFSETS)
 
 
 class CubinError(ValueError):
@@ -132,9 +150,11 @@ class CubinInfo:
         return tuple(s.name for s in self.sections)
 
     def entry_symbols(self, name: str) -> List[Symbol]:
-        """Global function symbols named ``name`` defined in a code section."""
+        """Kernel entry symbols named ``name``: global functions marked as CUDA entries
+        (STO_CUDA_ENTRY), defined in a code section."""
         return [s for s in self.symbols if s.name == name and s.type == STT_FUNC
-                and s.bind == STB_GLOBAL and 0 < s.shndx < len(self.sections)
+                and s.bind == STB_GLOBAL and s.other & STO_CUDA_ENTRY
+                and 0 < s.shndx < len(self.sections)
                 and self.sections[s.shndx].type == SHT_PROGBITS
                 and self.sections[s.shndx].flags & SHF_EXECINSTR]
 
@@ -221,24 +241,30 @@ def parse_cubin(data: bytes) -> CubinInfo:
             data, e_phoff + i * PHDR_SIZE)
         if p_offset + p_filesz > n:
             raise truncated(f"segment {i} ends at byte {p_offset + p_filesz}")
-    for i in range(e_phnum):
-        (_pt, _pf, _off, _va, _pa, p_filesz, p_memsz, p_align) = _PHDR.unpack_from(
-            data, e_phoff + i * PHDR_SIZE)
-        if p_filesz > p_memsz or not _pow2_or_zero(p_align):
-            raise section(f"segment {i}: file size {p_filesz}, memory size {p_memsz}, "
-                          f"alignment {p_align}")
+    segments = [_PHDR.unpack_from(data, e_phoff + i * PHDR_SIZE) for i in range(e_phnum)]
+    for i, (p_type, p_flags, _off, p_vaddr, p_paddr, p_filesz, p_memsz, p_align) in \
+            enumerate(segments):
+        if p_type not in (PT_LOAD, PT_PHDR) or p_flags & ~0x7 or p_vaddr or p_paddr or \
+                p_filesz > p_memsz or not _pow2_or_zero(p_align):
+            raise section(f"segment {i}: type {p_type}, flags {p_flags:#x}, addresses "
+                          f"{p_vaddr:#x}/{p_paddr:#x}, file size {p_filesz}, memory size "
+                          f"{p_memsz}, alignment {p_align} (a cubin's segments are LOAD or "
+                          "PHDR at address 0)")
     # E17-E20: the section table
     if data[e_shoff:e_shoff + SHDR_SIZE] != bytes(SHDR_SIZE):
         raise section("section 0 is not the null section (all zero)")
     for i in range(1, e_shnum):
-        _nm, typ, flags, _addr, off, size, link, _inf, align, entsize = raw[i]
-        if typ not in ALLOWED_SECTION_TYPES and not SHT_LOPROC <= typ <= SHT_HIPROC:
+        _nm, typ, flags, addr, off, size, link, _inf, align, entsize = raw[i]
+        if typ not in ALLOWED_SECTION_TYPES:
             raise section(f"section {i} has type {typ:#x}")
         if flags & ~ALLOWED_SECTION_FLAGS:
             raise section(f"section {i} has flags {flags:#x}")
+        if addr:
+            raise section(f"section {i} has address {addr:#x} (a cubin's sections are at 0)")
         if not _pow2_or_zero(align):
             raise section(f"section {i} has alignment {align}")
-        want_ent = {SHT_SYMTAB: SYM_SIZE, SHT_RELA: RELA_SIZE, SHT_REL: REL_SIZE}.get(typ)
+        want_ent = {SHT_SYMTAB: SYM_SIZE, SHT_RELA: RELA_SIZE, SHT_REL: REL_SIZE,
+                    SHT_CUDA_RELOCINFO: 8}.get(typ)
         if want_ent is not None and (entsize != want_ent or size % want_ent):
             raise section(f"section {i} (type {typ}) has entries of {entsize} bytes and size "
                           f"{size} (entries are {want_ent} bytes)")
@@ -272,6 +298,13 @@ def parse_cubin(data: bytes) -> CubinInfo:
     for (a_off, a_size, a_what), (b_off, _b_size, b_what) in zip(extents, extents[1:]):
         if a_off + a_size > b_off:
             raise section(f"{a_what} and {b_what} overlap")
+    # ... and every allocated section with file bytes lies inside a LOAD segment's file bytes
+    loads = [(sg[2], sg[2] + sg[5]) for sg in segments if sg[0] == PT_LOAD]
+    if e_phnum:
+        for i, s in enumerate(raw):
+            if s[2] & SHF_ALLOC and s[1] not in (SHT_NOBITS, SHT_NULL) and s[5] > 0 and not any(
+                    lo <= s[4] and s[4] + s[5] <= hi for lo, hi in loads):
+                raise section(f"section {i} is allocated but in no loadable segment")
     # E22-E23: the symbol table and the sh_info fields
     symtabs = [i for i in range(e_shnum) if raw[i][1] == SHT_SYMTAB]
     if len(symtabs) > 1:
@@ -312,6 +345,9 @@ def parse_cubin(data: bytes) -> CubinInfo:
             if e_shnum <= st_shndx < SHN_LORESERVE:
                 raise section(f"symbol {j} is in section {st_shndx}, out of range")
             stype = st_info & 0xF
+            if stype == STT_SECTION and (st_value or st_size):
+                raise section(f"section symbol {j} has value {st_value:#x} and size {st_size} "
+                              "(0 and 0)")
             if stype in (STT_FUNC, STT_OBJECT) and 0 < st_shndx < e_shnum and \
                     st_value + st_size > raw[st_shndx][5]:
                 raise section(f"symbol {j} ends at {st_value + st_size}, past its section "
@@ -346,7 +382,8 @@ def parse_cubin(data: bytes) -> CubinInfo:
                 raise section(f".nv.info section {i} describes section {info}, which holds no "
                               "code")
             code_size = target[5]
-        fi = _read_nvinfo(data[off:off + size], i, nsyms, code_size)
+        fi = _read_nvinfo(data[off:off + size], i, nsyms, code_size,
+                          per_function=bool(flags & SHF_INFO_LINK))
         if flags & SHF_INFO_LINK:
             function_info.setdefault(info, []).append(fi)
     # E27: the call graph
@@ -366,7 +403,8 @@ def parse_cubin(data: bytes) -> CubinInfo:
                      function_info={k: tuple(v) for k, v in function_info.items()})
 
 
-def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int]) -> FunctionInfo:
+def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int],
+                 per_function: bool) -> FunctionInfo:
     def bad(msg: str) -> CubinError:
         return CubinError("elf_section", f".nv.info section {index}: {msg}")
 
@@ -388,6 +426,12 @@ def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int]) 
             p += 4
         else:
             raise bad(f"attribute {attr:#x} at {p} has format {fmt}")
+        if attr not in KNOWN_ATTRS:
+            raise bad(f"attribute {attr:#x} is not one this reader knows")
+        if not per_function and fmt == EIFMT_SVAL:
+            # the module-wide .nv.info: each record is about a function, its symbol first
+            if len(val) < 4 or struct.unpack_from("<I", val, 0)[0] >= nsyms:
+                raise bad(f"attribute {attr:#x} does not name a symbol of {nsyms}")
 
         def need(sval_size: Optional[int], what: str) -> None:
             if fmt != EIFMT_SVAL or (sval_size is not None and len(val) != sval_size):
@@ -412,6 +456,10 @@ def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int]) 
             if sym >= nsyms:
                 raise bad(f"the parameter bank names symbol {sym} of {nsyms}")
             param_cbank = (sym, word & 0xFFFF, word >> 16)
+        elif attr == EIATTR_EXTERNS:
+            need(None, "external symbols")
+            if len(val) % 4 or any(x >= nsyms for (x,) in struct.iter_unpack("<I", val)):
+                raise bad(f"external symbols (attribute {attr:#x}) name symbols out of range")
         elif attr in (EIATTR_REQNTID, EIATTR_MAX_THREADS):
             need(12, "a block size")
             dims = struct.unpack_from("<III", val, 0)

@@ -366,6 +366,35 @@ def cases(base: str) -> list:
          rehash())
     case("elf-callgraph-symbol", "elf_section", f"{f}.cubin", E,
          patch(C0, c0.section(".nv.callgraph").offset, le(5000, 4)), rehash())
+    case("elf-sh-type-cuda-resolved-rela", "elf_section", f"{f}.cubin", E,
+         c0.sh(4, "type", 0x70000003), rehash())
+    case("elf-sh-type-note", "elf_section", f"{f}.cubin", E, c0.sh(4, "type", 7), rehash())
+    case("elf-sh-addr-nonzero", "elf_section", f"{f}.cubin", E,
+         patch(C0, c0.shoff + 64 * text_index + 16, le(0x1000, 8)), rehash())
+    case("elf-sh-flags-os-bit", "elf_section", f"{f}.cubin", E,
+         c0.sh(text_index, "flags", 0x200006), rehash())
+    phoff = struct.unpack_from("<Q", c0.data, 0x20)[0]
+    phnum = struct.unpack_from("<H", c0.data, 0x38)[0]
+    segs = [struct.unpack_from("<IIQQQQQQ", c0.data, phoff + 56 * i) for i in range(phnum)]
+    text = c0.section(".text.")
+    text_seg = next(i for i, sg in enumerate(segs) if sg[0] == 1 and sg[2] <= text.offset
+                    and text.offset + text.size <= sg[2] + sg[5])
+    case("elf-segment-address", "elf_section", f"{f}.cubin", E,
+         patch(C0, phoff + 56 * text_seg + 16, le(0x10000, 8)), rehash())
+    case("elf-segment-type-dynamic", "elf_section", f"{f}.cubin", E,
+         patch(C0, phoff + 56 * text_seg, le(2, 4)), rehash())
+    case("elf-code-outside-load-segments", "elf_section", f"{f}.cubin", E,
+         patch(C0, phoff + 56 * text_seg + 32, le(0, 8)), rehash())
+    sect_sym = next(j for j, sym in enumerate(c0.info.symbols) if sym.type == 3)
+    case("elf-section-symbol-value", "elf_section", f"{f}.cubin", E,
+         patch(C0, symtab.offset + 24 * sect_sym + 8, le(0x40, 8)), rehash())
+    case("elf-nvinfo-unknown-attribute", "elf_section", f"{f}.cubin", E,
+         patch(C0, next(r for r in records if r[2] == 0x50)[0] + 1, "60"), rehash())
+    case("elf-nvinfo-offsets-as-externs", "elf_section", f"{f}.cubin", E,
+         patch(C0, next(r for r in records if r[2] == 0x1C)[0] + 1, "0f"), rehash())
+    frame = next(r for r in c0.nvinfo_records(".nv.info") if r[2] == 0x11)
+    case("elf-nvinfo-module-record-symbol", "elf_section", f"{f}.cubin", E,
+         patch(C0, frame[0] + 1, "37"), patch(C0, frame[3], le(999, 4)), rehash())
     case("elf-segment-past-end", "truncated", f"{f}.cubin", E,
          patch(C0, struct.unpack_from("<Q", c0.data, 0x20)[0] + 8, le(n, 8)), rehash())
 
@@ -377,6 +406,8 @@ def cases(base: str) -> list:
          patch(C0, entry_name_at, b"X".hex()), rehash())
     case("entry-symbol-local", "no_entry_symbol", f"{f}.entry", N,
          patch(C0, entry_sym + 4, "02"), rehash())
+    case("entry-not-marked-cuda-entry", "no_entry_symbol", f"{f}.entry", N,
+         patch(C0, entry_sym + 5, "00"), rehash())
     case("entry-not-in-cubin", "no_entry_symbol", f"{f}.entry", N,
          jset(k0 + "/entry", "_lumina_tdclm_pass2_kernel"))
     A = "C++ verify accepts a cubin arch other than target.arch"

@@ -15,8 +15,10 @@ namespace {
 
 constexpr std::uint64_t kEhdr = 64, kShdr = 64, kPhdr = 56, kSym = 24, kRela = 24, kRel = 16;
 constexpr std::uint16_t kEtExec = 2;
-constexpr std::uint32_t kShtNull = 0, kShtLoproc = 0x70000000, kShtHiproc = 0x7fffffff;
-constexpr std::uint64_t kAllowedFlags = 0x1 | 0x2 | 0x4 | 0x40 | 0x0ff00000 | 0xf0000000;
+constexpr std::uint32_t kShtNull = 0;
+// write, alloc, execinstr, info-link, and the one CUDA bit ptxas sets on some code (0x100000)
+constexpr std::uint64_t kAllowedFlags = 0x1 | 0x2 | 0x4 | 0x40 | 0x100000;
+constexpr std::uint32_t kPtLoad = 1, kPtPhdr = 6;
 constexpr std::uint32_t kShnLoreserve = 0xff00;
 constexpr std::uint32_t kCallgraphMarkers = 0xfffffff0;
 
@@ -24,7 +26,20 @@ constexpr unsigned kEifmtNval = 1, kEifmtBval = 2, kEifmtHval = 3, kEifmtSval = 
 constexpr unsigned kMaxThreads = 0x05, kParamCbank = 0x0a, kReqntid = 0x10, kFrameSize = 0x11,
                    kMinStackSize = 0x12, kKparamInfo = 0x17, kCbankParamSize = 0x19, kExitInstrOffsets = 0x1c,
                    kS2rctaidInstrOffsets = 0x1d, kMaxStackSize = 0x23, kLdCachemodInstrOffsets = 0x25,
-                   kAtomSysInstrOffsets = 0x27, kCoopGroupInstrOffsets = 0x28, kRegcount = 0x2f;
+                   kAtomSysInstrOffsets = 0x27, kCoopGroupInstrOffsets = 0x28, kRegcount = 0x2f, kExterns = 0x0f,
+                   kAtomf16EmulInstrOffsets = 0x2d, kIntWarpWideInstrOffsets = 0x31, kMbarrierInstrOffsets = 0x39,
+                   kSyscallOffsets = 0x46, kSwWarMembarSysInstrOffsets = 0x47, kStackCanaryTrapOffsets = 0x57,
+                   kLocalCtaAsyncStoreOffsets = 0x59;
+
+// The attributes NVIDIA's cuobjdump (CUDA 12.8, in the Triton 3.6 wheel) names: 0x01-0x5a but 0x56.
+bool known_attr(unsigned a) { return a >= 0x01 && a <= 0x5a && a != 0x56; }
+
+bool instr_offsets_attr(unsigned a) {
+  return a == kExitInstrOffsets || a == kS2rctaidInstrOffsets || a == kLdCachemodInstrOffsets ||
+         a == kAtomSysInstrOffsets || a == kCoopGroupInstrOffsets || a == kAtomf16EmulInstrOffsets ||
+         a == kIntWarpWideInstrOffsets || a == kMbarrierInstrOffsets || a == kSyscallOffsets ||
+         a == kSwWarMembarSysInstrOffsets || a == kStackCanaryTrapOffsets || a == kLocalCtaAsyncStoreOffsets;
+}
 
 std::uint64_t le(const unsigned char* p, int n) {
   std::uint64_t v = 0;
@@ -60,8 +75,8 @@ struct RawSection {
 class NvInfoReader {
  public:
   NvInfoReader(const unsigned char* blob, std::uint64_t size, std::uint32_t index, std::uint64_t nsyms,
-               std::optional<std::uint64_t> code_size)
-      : blob_(blob), size_(size), index_(index), nsyms_(nsyms), code_size_(code_size) {}
+               std::optional<std::uint64_t> code_size, bool per_function)
+      : blob_(blob), size_(size), index_(index), nsyms_(nsyms), code_size_(code_size), per_function_(per_function) {}
 
   FunctionInfo read() {
     FunctionInfo fi;
@@ -85,6 +100,11 @@ class NvInfoReader {
         p += 4;
       } else {
         bad("attribute " + hex(attr) + " at " + std::to_string(p) + " has format " + std::to_string(fmt));
+      }
+      if (!known_attr(attr)) bad("attribute " + hex(attr) + " is not one this reader knows");
+      if (!per_function_ && fmt == kEifmtSval && (len < 4 || le(val, 4) >= nsyms_)) {
+        // the module-wide .nv.info: each record is about a function, its symbol first
+        bad("attribute " + hex(attr) + " does not name a symbol of " + std::to_string(nsyms_));
       }
       auto need = [&](std::optional<std::uint64_t> sval_size, const char* what) {
         if (fmt != kEifmtSval || (sval_size && len != *sval_size)) {
@@ -119,14 +139,18 @@ class NvInfoReader {
         fi.param_cbank = FunctionInfo::ParamCbank{static_cast<std::uint32_t>(sym),
                                                   static_cast<std::uint32_t>(word & 0xffff),
                                                   static_cast<std::uint32_t>(word >> 16)};
+      } else if (attr == kExterns) {
+        need(std::nullopt, "external symbols");
+        bool ok = len % 4 == 0;
+        for (std::uint64_t k = 0; ok && k < len; k += 4) ok = le(val + k, 4) < nsyms_;
+        if (!ok) bad("external symbols (attribute " + hex(attr) + ") name symbols out of range");
       } else if (attr == kReqntid || attr == kMaxThreads) {
         need(12, "a block size");
         const std::array<std::uint32_t, 3> dims = {static_cast<std::uint32_t>(le(val, 4)),
                                                    static_cast<std::uint32_t>(le(val + 4, 4)),
                                                    static_cast<std::uint32_t>(le(val + 8, 4))};
         (attr == kReqntid ? fi.reqntid : fi.max_threads) = dims;
-      } else if (attr == kExitInstrOffsets || attr == kS2rctaidInstrOffsets || attr == kLdCachemodInstrOffsets ||
-                 attr == kAtomSysInstrOffsets || attr == kCoopGroupInstrOffsets) {
+      } else if (instr_offsets_attr(attr)) {
         need(std::nullopt, "instruction offsets");
         if (len % 4) bad("instruction offsets (attribute " + hex(attr) + ") of " + std::to_string(len) + " bytes");
         for (std::uint64_t k = 0; k < len; k += 4) {
@@ -150,6 +174,7 @@ class NvInfoReader {
   std::uint32_t index_;
   std::uint64_t nsyms_;
   std::optional<std::uint64_t> code_size_;
+  bool per_function_;
 };
 
 }  // namespace
@@ -161,7 +186,7 @@ int arch_from_flags(int abi_version, std::uint32_t e_flags) {
 std::vector<const Symbol*> CubinInfo::entry_symbols(const std::string& name) const {
   std::vector<const Symbol*> out;
   for (const Symbol& s : symbols) {
-    if (s.name != name || s.type != kSttFunc || s.bind != kStbGlobal) continue;
+    if (s.name != name || s.type != kSttFunc || s.bind != kStbGlobal || !(s.other & kStoCudaEntry)) continue;
     if (s.shndx == 0 || s.shndx >= sections.size()) continue;
     const Section& code = sections[s.shndx];
     if (code.type == kShtProgbits && (code.flags & kShfExecinstr)) out.push_back(&s);
@@ -244,13 +269,20 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
       truncated("segment " + std::to_string(i) + " ends at byte " + std::to_string(end_of(p_offset, p_filesz)));
     }
   }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> loads;  // file ranges of the LOAD segments
   for (std::uint64_t i = 0; i < e_phnum; ++i) {
     const unsigned char* h = d + e_phoff + i * kPhdr;
+    const auto p_type = static_cast<std::uint32_t>(le(h, 4)), p_flags = static_cast<std::uint32_t>(le(h + 4, 4));
+    const std::uint64_t p_offset = le(h + 8, 8), p_vaddr = le(h + 16, 8), p_paddr = le(h + 24, 8);
     const std::uint64_t p_filesz = le(h + 32, 8), p_memsz = le(h + 40, 8), p_align = le(h + 48, 8);
-    if (p_filesz > p_memsz || !pow2_or_zero(p_align)) {
-      section("segment " + std::to_string(i) + ": file size " + std::to_string(p_filesz) + ", memory size " +
-              std::to_string(p_memsz) + ", alignment " + std::to_string(p_align));
+    if ((p_type != kPtLoad && p_type != kPtPhdr) || (p_flags & ~0x7u) || p_vaddr || p_paddr || p_filesz > p_memsz ||
+        !pow2_or_zero(p_align)) {
+      section("segment " + std::to_string(i) + ": type " + std::to_string(p_type) + ", flags " + hex(p_flags) +
+              ", addresses " + hex(p_vaddr) + "/" + hex(p_paddr) + ", file size " + std::to_string(p_filesz) +
+              ", memory size " + std::to_string(p_memsz) + ", alignment " + std::to_string(p_align) +
+              " (a cubin's segments are LOAD or PHDR at address 0)");
     }
+    if (p_type == kPtLoad) loads.emplace_back(p_offset, p_offset + p_filesz);
   }
   // E17-E20: the section table
   for (std::uint64_t k = 0; k < kShdr; ++k) {
@@ -259,13 +291,21 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
   for (std::uint64_t i = 1; i < e_shnum; ++i) {
     const RawSection& s = raw[i];
     const std::string sec = "section " + std::to_string(i);
+    // The section types ptxas writes for a Triton kernel; the driver parses more CUDA types
+    // (prototypes, resolved relocations, metadata...), each its own way: a section retyped to
+    // one of them is refused, not parsed.
     const bool known = s.type == kShtNull || s.type == kShtProgbits || s.type == kShtSymtab ||
-                       s.type == kShtStrtab || s.type == kShtRela || s.type == kShtNote || s.type == kShtNobits ||
-                       s.type == kShtRel || (s.type >= kShtLoproc && s.type <= kShtHiproc);
+                       s.type == kShtStrtab || s.type == kShtRela || s.type == kShtNobits || s.type == kShtRel ||
+                       s.type == kShtCudaInfo || s.type == kShtCudaCallgraph || s.type == kShtCudaRelocinfo;
     if (!known) section(sec + " has type " + hex(s.type));
     if (s.flags & ~kAllowedFlags) section(sec + " has flags " + hex(s.flags));
+    if (s.addr != 0) section(sec + " has address " + hex(s.addr) + " (a cubin's sections are at 0)");
     if (!pow2_or_zero(s.align)) section(sec + " has alignment " + std::to_string(s.align));
-    const std::uint64_t want_ent = s.type == kShtSymtab ? kSym : s.type == kShtRela ? kRela : s.type == kShtRel ? kRel : 0;
+    const std::uint64_t want_ent = s.type == kShtSymtab          ? kSym
+                                   : s.type == kShtRela          ? kRela
+                                   : s.type == kShtRel           ? kRel
+                                   : s.type == kShtCudaRelocinfo ? 8
+                                                                 : 0;
     if (want_ent && (s.entsize != want_ent || s.size % want_ent)) {
       section(sec + " (type " + std::to_string(s.type) + ") has entries of " + std::to_string(s.entsize) +
               " bytes and size " + std::to_string(s.size) + " (entries are " + std::to_string(want_ent) + " bytes)");
@@ -315,6 +355,17 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
   for (std::size_t k = 0; k + 1 < extents.size(); ++k) {
     if (extents[k].off + extents[k].size > extents[k + 1].off) {
       section(extents[k].what + " and " + extents[k + 1].what + " overlap");
+    }
+  }
+  // ... and every allocated section with file bytes lies inside a LOAD segment's file bytes
+  if (e_phnum) {
+    for (std::uint64_t i = 0; i < e_shnum; ++i) {
+      const RawSection& s = raw[i];
+      if (!(s.flags & kShfAlloc) || s.type == kShtNobits || s.type == kShtNull || s.size == 0) continue;
+      const bool inside = std::any_of(loads.begin(), loads.end(), [&](const auto& l) {
+        return l.first <= s.offset && end_of(s.offset, s.size) <= l.second;
+      });
+      if (!inside) section("section " + std::to_string(i) + " is allocated but in no loadable segment");
     }
   }
   // E22-E23: the symbol table and the sh_info fields
@@ -374,6 +425,10 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
         section("symbol " + std::to_string(j) + " is in section " + std::to_string(st_shndx) + ", out of range");
       }
       const unsigned stype = st_info & 0xf;
+      if (stype == kSttSection && (st_value != 0 || st_size != 0)) {
+        section("section symbol " + std::to_string(j) + " has value " + hex(st_value) + " and size " +
+                std::to_string(st_size) + " (0 and 0)");
+      }
       if ((stype == kSttFunc || stype == kSttObject) && st_shndx > 0 && st_shndx < e_shnum &&
           end_of(st_value, st_size) > raw[st_shndx].size) {
         section("symbol " + std::to_string(j) + " ends at " + std::to_string(end_of(st_value, st_size)) +
@@ -414,7 +469,7 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
       }
       code_size = target.size;
     }
-    FunctionInfo fi = NvInfoReader(d + s.offset, s.size, i, nsyms, code_size).read();
+    FunctionInfo fi = NvInfoReader(d + s.offset, s.size, i, nsyms, code_size, (s.flags & kShfInfoLink) != 0).read();
     if (s.flags & kShfInfoLink) info.function_info[s.info].push_back(std::move(fi));
   }
   // E27: the call graph

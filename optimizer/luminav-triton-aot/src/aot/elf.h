@@ -25,10 +25,11 @@ namespace luminav {
 namespace elf {
 
 constexpr std::uint16_t kEmCuda = 190;
-constexpr std::uint32_t kShtProgbits = 1, kShtSymtab = 2, kShtStrtab = 3, kShtRela = 4, kShtNote = 7,
-                        kShtNobits = 8, kShtRel = 9, kShtCudaInfo = 0x70000000, kShtCudaCallgraph = 0x70000001;
-constexpr std::uint64_t kShfExecinstr = 0x4, kShfInfoLink = 0x40;
-constexpr unsigned kSttObject = 1, kSttFunc = 2, kStbGlobal = 1;
+constexpr std::uint32_t kShtProgbits = 1, kShtSymtab = 2, kShtStrtab = 3, kShtRela = 4, kShtNobits = 8, kShtRel = 9,
+                        kShtCudaInfo = 0x70000000, kShtCudaCallgraph = 0x70000001, kShtCudaRelocinfo = 0x7000000b;
+constexpr std::uint64_t kShfAlloc = 0x2, kShfExecinstr = 0x4, kShfInfoLink = 0x40;
+constexpr unsigned kSttObject = 1, kSttFunc = 2, kSttSection = 3, kStbGlobal = 1;
+constexpr unsigned kStoCudaEntry = 0x10;  // st_other of a kernel's entry symbol
 
 struct Section {
   std::uint32_t index = 0;
@@ -72,7 +73,8 @@ struct CubinInfo {
   // code section index -> the .nv.info sections whose sh_info names it
   std::map<std::uint32_t, std::vector<FunctionInfo>> function_info;
 
-  // Global function symbols named `name` defined in a code section.
+  // Kernel entry symbols named `name`: global functions marked as CUDA entries
+  // (kStoCudaEntry), defined in a code section.
   std::vector<const Symbol*> entry_symbols(const std::string& name) const;
 };
 
