@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import compat
-from .manifest import (FORMAT, FORMAT_VERSION, KERNEL_NAMES, MANIFEST_NAME, atomic_write,
-                       derive_key, write_manifest)
+from .manifest import (FORMAT, FORMAT_VERSION, KERNEL_NAMES, MANIFEST_NAME, BundleError,
+                       atomic_write, check_cubin, derive_key, write_manifest)
 
 DEFAULT_ARCHS = (80, 90)
 
@@ -200,6 +200,14 @@ def compile_variant(plan: CompilePlan, variant: Any, arch: int,
     if entry["num_warps"] != int(variant.num_warps):
         raise BuildError(f"{key} for sm_{arch}: asked for num_warps={variant.num_warps} but "
                          f"Triton compiled {entry['num_warps']}")
+    # The loaders' own cubin checks (docs/bundle-format.md, rules C2-C6): a toolchain whose
+    # output they would refuse is reported here, when the bundle is built, not at its first load.
+    try:
+        check_cubin(".", entry, 0, data=cubin)
+    except BundleError as exc:
+        raise BuildError(f"{key} for sm_{arch}: the compiled cubin breaks the bundle rule book "
+                         f"[{exc.code}]: {exc.expected} expected, {exc.found} found; this "
+                         f"Triton ({version}) writes cubins the loaders do not accept") from None
     return entry, cubin
 
 
