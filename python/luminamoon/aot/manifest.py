@@ -426,7 +426,7 @@ def read_manifest(bundle_dir: "os.PathLike[str] | str") -> Dict[str, Any]:
 def check_cubin(bundle_dir: "os.PathLike[str] | str", entry: Mapping[str, Any], i: int,
                 data: Optional[bytes] = None) -> bytes:
     """Rules C1-C6 for the cubin of ``kernels[i]`` (an entry :func:`validate_manifest`
-    accepted): the file (F), its ELF structure (E1-E27), its hash, entry symbol, arch,
+    accepted): the file (F), its ELF structure (E1-E29), its hash, entry symbol, arch,
     parameters and block size. Returns the cubin's bytes."""
     p = f"kernels[{i}]"
     if data is None:
@@ -479,21 +479,7 @@ def _check_params(info: Any, sym: Any, entry: Mapping[str, Any], cpath: str, p: 
                           f"one .nv.info section for {entry['entry']}", f"{len(infos)}",
                           _FIX_REBUILD)
     fi = infos[0]
-    params = sorted(fi.params, key=lambda q: q.ordinal)
-    want = expected_param_layout(entry)
-    if len(params) != len(want):
-        raise BundleError("param_mismatch", cpath, f"{p}.num_params",
-                          f"{len(params)} (the cubin's own parameter count for "
-                          f"{entry['entry']})", entry["num_params"], _FIX_REBUILD)
-    if [q.ordinal for q in params] != list(range(len(params))):
-        raise BundleError("param_mismatch", cpath, f"{p}.num_params",
-                          f"parameter ordinals 0..{len(params) - 1} once each",
-                          [q.ordinal for q in params], _FIX_REBUILD)
-    got = [(q.offset, q.size) for q in params]
-    if got != want:
-        raise BundleError("param_mismatch", cpath, f"{p}.signature",
-                          f"parameters (offset, size) {got} (the cubin's)",
-                          f"{want} from the manifest", _FIX_REBUILD)
+    want = _check_param_records(fi, entry, cpath, p, "")
     end = want[-1][0] + want[-1][1] if want else 0
     if fi.cbank_param_size is not None and fi.cbank_param_size != end:
         raise BundleError("param_mismatch", cpath, f"{p}.signature",
@@ -508,6 +494,40 @@ def _check_params(info: Any, sym: Any, entry: Mapping[str, Any], cpath: str, p: 
                               f"a parameter bank of {end} bytes inside its section",
                               f"{psize} bytes at {poff} of "
                               f"{bank.size if bank else 'no'} section bytes", _FIX_REBUILD)
+    _check_block(fi, entry, cpath, p, "")
+    # The Mercury copy of the kernel (sm_100 and later), which the driver may finalize instead
+    # of the SASS: its own .nv.merc.nv.info must describe the same parameters and block.
+    for msym in info.merc_entry_symbols(entry["entry"]):
+        minfos = info.merc_function_info.get(msym.shndx, ())
+        if len(minfos) != 1:
+            raise BundleError("param_mismatch", cpath, f"{p}.num_params",
+                              f"one .nv.merc.nv.info section for {entry['entry']}'s Mercury code",
+                              f"{len(minfos)}", _FIX_REBUILD)
+        _check_param_records(minfos[0], entry, cpath, p, " (its Mercury copy)")
+        _check_block(minfos[0], entry, cpath, p, " (its Mercury copy)")
+
+
+def _check_param_records(fi: Any, entry: Mapping[str, Any], cpath: str, p: str,
+                         where: str) -> List[Tuple[int, int]]:
+    params = sorted(fi.params, key=lambda q: q.ordinal)
+    want = expected_param_layout(entry)
+    if len(params) != len(want):
+        raise BundleError("param_mismatch", cpath, f"{p}.num_params",
+                          f"{len(params)} (the cubin's own parameter count for "
+                          f"{entry['entry']}{where})", entry["num_params"], _FIX_REBUILD)
+    if [q.ordinal for q in params] != list(range(len(params))):
+        raise BundleError("param_mismatch", cpath, f"{p}.num_params",
+                          f"parameter ordinals 0..{len(params) - 1} once each{where}",
+                          [q.ordinal for q in params], _FIX_REBUILD)
+    got = [(q.offset, q.size) for q in params]
+    if got != want:
+        raise BundleError("param_mismatch", cpath, f"{p}.signature",
+                          f"parameters (offset, size) {got} (the cubin's{where})",
+                          f"{want} from the manifest", _FIX_REBUILD)
+    return want
+
+
+def _check_block(fi: Any, entry: Mapping[str, Any], cpath: str, p: str, where: str) -> None:
     threads = entry["num_warps"] * entry["target"]["warp_size"]
     for what, dims in (("required", fi.reqntid), ("maximum", fi.max_threads)):
         if dims is None:
@@ -516,7 +536,7 @@ def _check_params(info: Any, sym: Any, entry: Mapping[str, Any], cpath: str, p: 
         if block != threads if what == "required" else block < threads:
             raise BundleError("launch_shape", cpath, f"{p}.num_warps",
                               f"{'' if what == 'required' else 'at most '}{block} threads "
-                              f"(the cubin's {what} block {dims[0]}x{dims[1]}x{dims[2]})",
+                              f"(the cubin's {what} block {dims[0]}x{dims[1]}x{dims[2]}{where})",
                               f"{threads} (num_warps {entry['num_warps']})", _FIX_REBUILD)
 
 

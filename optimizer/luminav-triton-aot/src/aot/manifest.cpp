@@ -401,6 +401,63 @@ void check_image(const KernelMetadata& m, const std::string& manifest_path, cons
          "field \"target.arch\": expected sm_" + std::to_string(info.arch) + " (the arch " + cubin +
              " was compiled for, from its ELF e_flags), found sm_" + std::to_string(m.arch));
   }
+  // The parameter records of one .nv.info (the kernel's, or its Mercury copy's: `where`) against
+  // the manifest: count, ordinals, layout. Returns the layout.
+  auto check_records = [&](const elf::FunctionInfo& fi, const std::string& where) {
+    std::vector<elf::KernelParam> params = fi.params;
+    std::stable_sort(params.begin(), params.end(),
+                     [](const elf::KernelParam& a, const elf::KernelParam& b) { return a.ordinal < b.ordinal; });
+    const auto want = param_layout(m);
+    if (params.size() != want.size()) {
+      fail(BundleRule::kParamMismatch, "num_params",
+           std::to_string(params.size()) + " (the cubin's own parameter count for " + m.entry + where + ")",
+           std::to_string(m.num_params),
+           "field \"num_params\": expected " + std::to_string(params.size()) + " (the parameter count of \"" +
+               m.entry + "\"" + where + " in " + cubin +
+               ", its .nv.info records: what cuFuncGetParamInfo reports), found " + std::to_string(m.num_params) +
+               " (len(signature) " + std::to_string(m.signature.size()) + " + num_trailing_scratch_ptrs " +
+               std::to_string(m.num_trailing_scratch_ptrs) + ")");
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].ordinal != i) {
+        fail(BundleRule::kParamMismatch, "num_params",
+             "parameter ordinals 0.." + std::to_string(params.size() - 1) + " once each" + where,
+             "ordinal " + std::to_string(params[i].ordinal) + " at position " + std::to_string(i),
+             "field \"num_params\": the parameter records of \"" + m.entry + "\"" + where + " in " + cubin +
+                 " do not number 0.." + std::to_string(params.size() - 1) + " once each");
+      }
+    }
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> got;
+    for (const auto& q : params) got.emplace_back(q.offset, q.size);
+    if (got != want) {
+      fail(BundleRule::kParamMismatch, "signature",
+           "parameters (offset, size) " + layout_text(got) + " (the cubin's" + where + ")",
+           layout_text(want) + " from the manifest",
+           "field \"signature\": expected the parameters (offset, size) of \"" + m.entry + "\"" + where + " in " +
+               cubin + ", " + layout_text(got) + ", found " + layout_text(want) +
+               " from the signature and the trailing scratch pointers: an ABI mismatch");
+    }
+    return want;
+  };
+  const std::uint64_t threads = static_cast<std::uint64_t>(m.num_warps) * static_cast<std::uint64_t>(m.warp_size);
+  auto check_block = [&](const elf::FunctionInfo& fi, const std::string& where) {
+    for (const bool required : {true, false}) {
+      const auto& dims = required ? fi.reqntid : fi.max_threads;
+      if (!dims) continue;
+      const std::uint64_t block = std::uint64_t{(*dims)[0]} * (*dims)[1] * (*dims)[2];
+      if (required ? block != threads : block < threads) {
+        const std::string expected = std::string(required ? "" : "at most ") + std::to_string(block) +
+                                     " threads (the cubin's " + (required ? "required" : "maximum") + " block " +
+                                     std::to_string((*dims)[0]) + "x" + std::to_string((*dims)[1]) + "x" +
+                                     std::to_string((*dims)[2]) + where + ")";
+        fail(BundleRule::kLaunchShape, "num_warps", expected,
+             std::to_string(threads) + " (num_warps " + std::to_string(m.num_warps) + ")",
+             "field \"num_warps\": expected " + expected + ", found " + std::to_string(threads) +
+                 " threads (num_warps " + std::to_string(m.num_warps) + " x warp_size " +
+                 std::to_string(m.warp_size) + ")");
+      }
+    }
+  };
   auto infos = info.function_info.find(syms[0]->shndx);
   const std::size_t n_infos = infos == info.function_info.end() ? 0 : infos->second.size();
   if (n_infos != 1) {
@@ -409,37 +466,7 @@ void check_image(const KernelMetadata& m, const std::string& manifest_path, cons
              ", found " + std::to_string(n_infos));
   }
   const elf::FunctionInfo& fi = infos->second[0];
-  std::vector<elf::KernelParam> params = fi.params;
-  std::stable_sort(params.begin(), params.end(),
-                   [](const elf::KernelParam& a, const elf::KernelParam& b) { return a.ordinal < b.ordinal; });
-  const auto want = param_layout(m);
-  if (params.size() != want.size()) {
-    fail(BundleRule::kParamMismatch, "num_params",
-         std::to_string(params.size()) + " (the cubin's own parameter count for " + m.entry + ")",
-         std::to_string(m.num_params),
-         "field \"num_params\": expected " + std::to_string(params.size()) + " (the parameter count of \"" + m.entry +
-             "\" in " + cubin + ", its .nv.info records: what cuFuncGetParamInfo reports), found " +
-             std::to_string(m.num_params) + " (len(signature) " + std::to_string(m.signature.size()) +
-             " + num_trailing_scratch_ptrs " + std::to_string(m.num_trailing_scratch_ptrs) + ")");
-  }
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].ordinal != i) {
-      fail(BundleRule::kParamMismatch, "num_params",
-           "parameter ordinals 0.." + std::to_string(params.size() - 1) + " once each",
-           "ordinal " + std::to_string(params[i].ordinal) + " at position " + std::to_string(i),
-           "field \"num_params\": the parameter records of \"" + m.entry + "\" in " + cubin +
-               " do not number 0.." + std::to_string(params.size() - 1) + " once each");
-    }
-  }
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> got;
-  for (const auto& q : params) got.emplace_back(q.offset, q.size);
-  if (got != want) {
-    fail(BundleRule::kParamMismatch, "signature", "parameters (offset, size) " + layout_text(got) + " (the cubin's)",
-         layout_text(want) + " from the manifest",
-         "field \"signature\": expected the parameters (offset, size) of \"" + m.entry + "\" in " + cubin + ", " +
-             layout_text(got) + ", found " + layout_text(want) +
-             " from the signature and the trailing scratch pointers: an ABI mismatch");
-  }
+  const auto want = check_records(fi, "");
   const std::uint32_t end = want.empty() ? 0 : want.back().first + want.back().second;
   if (fi.cbank_param_size && *fi.cbank_param_size != end) {
     fail(BundleRule::kParamMismatch, "signature", std::to_string(end) + " bytes of parameters",
@@ -459,20 +486,20 @@ void check_image(const KernelMetadata& m, const std::string& manifest_path, cons
                cubin + " (EIATTR_PARAM_CBANK)");
     }
   }
-  const std::uint64_t threads = static_cast<std::uint64_t>(m.num_warps) * static_cast<std::uint64_t>(m.warp_size);
-  for (const bool required : {true, false}) {
-    const auto& dims = required ? fi.reqntid : fi.max_threads;
-    if (!dims) continue;
-    const std::uint64_t block = std::uint64_t{(*dims)[0]} * (*dims)[1] * (*dims)[2];
-    if (required ? block != threads : block < threads) {
-      const std::string expected = std::string(required ? "" : "at most ") + std::to_string(block) + " threads (the cubin's " +
-                                   (required ? "required" : "maximum") + " block " + std::to_string((*dims)[0]) + "x" +
-                                   std::to_string((*dims)[1]) + "x" + std::to_string((*dims)[2]) + ")";
-      fail(BundleRule::kLaunchShape, "num_warps", expected,
-           std::to_string(threads) + " (num_warps " + std::to_string(m.num_warps) + ")",
-           "field \"num_warps\": expected " + expected + ", found " + std::to_string(threads) + " threads (num_warps " +
-               std::to_string(m.num_warps) + " x warp_size " + std::to_string(m.warp_size) + ")");
+  check_block(fi, "");
+  // The Mercury copy of the kernel (sm_100 and later), which the driver may finalize instead of
+  // the SASS: its own .nv.merc.nv.info must describe the same parameters and block.
+  for (const elf::Symbol* msym : info.merc_entry_symbols(m.entry)) {
+    auto minfos = info.merc_function_info.find(msym->shndx);
+    const std::size_t n_minfos = minfos == info.merc_function_info.end() ? 0 : minfos->second.size();
+    if (n_minfos != 1) {
+      fail(BundleRule::kParamMismatch, "num_params", "one .nv.merc.nv.info section for " + m.entry + "'s Mercury code",
+           std::to_string(n_minfos),
+           "field \"num_params\": expected one .nv.merc.nv.info section describing the Mercury code of \"" + m.entry +
+               "\" in " + cubin + ", found " + std::to_string(n_minfos));
     }
+    check_records(minfos->second[0], " (its Mercury copy)");
+    check_block(minfos->second[0], " (its Mercury copy)");
   }
 }
 
