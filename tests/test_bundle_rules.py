@@ -9,7 +9,8 @@
 - The key is derived: the rule book's derivation is kernels.catalog's ``Variant.key()`` for every
   shipped variant, and the builder refuses a variant whose key is not the derived one.
 - Mutation tests (Hypothesis): random edits of the manifest text, of its values, and of a cubin's
-  header and tables (rehashed, so the ELF reader is what judges them) make every reader raise
+  header and tables (an sm_90 one, and an sm_100 one with its notes, .nv.compat and Mercury
+  copy; rehashed, so the ELF reader is what judges them) make every reader raise
   :class:`BundleError` and nothing else, and the two languages the same code and field.
 
 Which finding of the issue "Bundles that cannot hurt" each case covers is its ``finding`` in
@@ -152,13 +153,15 @@ from hypothesis import strategies as st  # noqa: E402
 
 # Random each run (a failure prints the blob that reproduces it: @reproduce_failure), bounded
 # to about a minute for the three tests together on a shared 2-core machine (measured there:
-# 2,500 examples of each in 50-60 s).
+# 2,500 examples of each in 50-60 s); the sm_100 cubin's runs 1,000.
 MUTATION_SETTINGS = settings(max_examples=2500, deadline=None, database=None, print_blob=True,
                              suppress_health_check=list(HealthCheck))
 
 BASE_MANIFEST = open(os.path.join(bc.BASE, "manifest.json"), "rb").read()
 C0 = json.loads(BASE_MANIFEST)["kernels"][0]["cubin"]
 BASE_CUBIN = open(os.path.join(bc.BASE, C0), "rb").read()
+C3 = json.loads(BASE_MANIFEST)["kernels"][3]["cubin"]  # sm_100: notes, .nv.compat, Mercury copy
+BLACKWELL_CUBIN = open(os.path.join(bc.BASE, C3), "rb").read()
 TOKENS = [b"{", b"}", b"[", b"]", b'"', b",", b":", b"-", b"0", b"9" * 25, b"1e999", b"0.5",
           b"true", b"null", b"NaN", b"\\ud800", b"\\u0000", b"\xff", b"\xc0\x80", b"\xed\xa0\x80",
           b"\xef\xbb\xbf", b"[" * 40, b'"key": 1, "key": 2', b"\x00"]
@@ -189,13 +192,14 @@ def _agree(folder):
     return outcomes[1]
 
 
-def _bundle_with(tmp_path_factory, manifest: bytes = BASE_MANIFEST, cubin: bytes = BASE_CUBIN) -> str:
+def _bundle_with(tmp_path_factory, manifest: bytes = BASE_MANIFEST, cubin: bytes = BASE_CUBIN,
+                 name: str = C0) -> str:
     folder = str(tmp_path_factory.mktemp("m"))
     os.rmdir(folder)
     shutil.copytree(bc.BASE, folder)
     with open(os.path.join(folder, "manifest.json"), "wb") as f:
         f.write(manifest)
-    with open(os.path.join(folder, C0), "wb") as f:
+    with open(os.path.join(folder, name), "wb") as f:
         f.write(cubin)
     return folder
 
@@ -253,24 +257,43 @@ def test_mutated_manifest_values_raise_only_bundle_errors(tmp_path_factory, edit
     capsys.readouterr()
 
 
-def _cubin_regions():
+def _cubin_regions(data: bytes):
     from luminamoon.aot.cubin import parse_cubin
 
-    info = parse_cubin(BASE_CUBIN)
+    info = parse_cubin(data)
     import struct
-    shoff = struct.unpack_from("<Q", BASE_CUBIN, 0x28)[0]
-    shnum = struct.unpack_from("<H", BASE_CUBIN, 0x3C)[0]
-    phoff = struct.unpack_from("<Q", BASE_CUBIN, 0x20)[0]
-    phnum = struct.unpack_from("<H", BASE_CUBIN, 0x38)[0]
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shnum = struct.unpack_from("<H", data, 0x3C)[0]
+    phoff = struct.unpack_from("<Q", data, 0x20)[0]
+    phnum = struct.unpack_from("<H", data, 0x38)[0]
     regions = [(0, 64), (shoff, shoff + 64 * shnum), (phoff, phoff + 56 * phnum)]
     for s in info.sections:
-        if s.name in (".symtab", ".strtab", ".shstrtab", ".nv.callgraph") or \
-                s.name.startswith((".nv.info", ".rela", ".rel.")):
+        if s.name in (".symtab", ".strtab", ".shstrtab", ".nv.callgraph", ".nv.compat",
+                      ".nv.merc.symtab") or \
+                s.name.startswith((".nv.info", ".rela", ".rel.", ".note", ".nv.merc.nv.info",
+                                   ".nv.merc.rela")):
             regions.append((s.offset, s.offset + s.size))
     return [r for r in regions if r[1] > r[0]]
 
 
-CUBIN_REGIONS = _cubin_regions()
+CUBIN_REGIONS = _cubin_regions(BASE_CUBIN)
+BLACKWELL_REGIONS = _cubin_regions(BLACKWELL_CUBIN)
+
+
+def _mutated_cubin(tmp_path_factory, base: bytes, regions, kernel: int, name: str, edits, cut):
+    data = bytearray(base)
+    for region, at, byte, width in edits:
+        lo, hi = regions[region % len(regions)]
+        pos = lo + at % (hi - lo)
+        # 0x00.. and 0xff.. fill the field; anything else is a small value in its low byte
+        value = bytes([byte]) * width if byte in (0, 255) else bytes([byte]) + bytes(width - 1)
+        data[pos:pos + width] = value[:len(data) - pos]
+    if cut is not None:
+        del data[cut:]
+    doc = json.loads(BASE_MANIFEST)
+    doc["kernels"][kernel]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    return _bundle_with(tmp_path_factory, manifest=json.dumps(doc).encode(), cubin=bytes(data),
+                        name=name)
 
 
 @MUTATION_SETTINGS
@@ -281,18 +304,21 @@ CUBIN_REGIONS = _cubin_regions()
 def test_mutated_cubin_structure_raises_only_bundle_errors(tmp_path_factory, edits, cut, capsys):
     """A cubin corrupted in its headers, section table, symbols or .nv.info, its sha256 updated
     to match: the ELF readers refuse it (or accept it) alike, and never crash."""
-    data = bytearray(BASE_CUBIN)
-    for region, at, byte, width in edits:
-        lo, hi = CUBIN_REGIONS[region]
-        pos = lo + at % (hi - lo)
-        # 0x00.. and 0xff.. fill the field; anything else is a small value in its low byte
-        value = bytes([byte]) * width if byte in (0, 255) else bytes([byte]) + bytes(width - 1)
-        data[pos:pos + width] = value[:len(data) - pos]
-    if cut is not None:
-        del data[cut:]
-    doc = json.loads(BASE_MANIFEST)
-    doc["kernels"][0]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
-    _agree(_bundle_with(tmp_path_factory, manifest=json.dumps(doc).encode(), cubin=bytes(data)))
+    _agree(_mutated_cubin(tmp_path_factory, BASE_CUBIN, CUBIN_REGIONS, 0, C0, edits, cut))
+    capsys.readouterr()
+
+
+@settings(MUTATION_SETTINGS, max_examples=1000)
+@given(edits=st.lists(st.tuples(st.integers(0, len(BLACKWELL_REGIONS) - 1),
+                                st.integers(0, 1 << 20), st.integers(0, 255),
+                                st.sampled_from([1, 2, 4, 8])),
+                      min_size=1, max_size=4),
+       cut=st.one_of(st.none(), st.integers(0, len(BLACKWELL_CUBIN))))
+def test_mutated_blackwell_cubin_raises_only_bundle_errors(tmp_path_factory, edits, cut, capsys):
+    """The same for the sm_100 cubin: its notes, .nv.compat and the Mercury copy's symbol
+    table, relocations and .nv.merc.nv.info too."""
+    _agree(_mutated_cubin(tmp_path_factory, BLACKWELL_CUBIN, BLACKWELL_REGIONS, 3, C3, edits,
+                          cut))
     capsys.readouterr()
 
 

@@ -1,10 +1,10 @@
 // tests/test_bundle_corpus.cpp: the shared corpus of tests/data/bundles against the C++ loader
 //
 // Each case of cases.json (written by tests/data/bundles/make_corpus.py) is a list of operations
-// on a copy of base/ (three real cubins of Triton 3.6 and their manifest) and the reason code
-// and field every loader must refuse the result with (none for a good bundle). Here the C++
-// loader judges them (AotManifest::load with CubinCheck::kNow, as `luminav verify` and the native
-// module do); tests/test_bundle_rules.py runs the same cases through Python.
+// on a copy of base/ (four real cubins of Triton 3.6, sm_80 to sm_100, and their manifest) and
+// the reason code and field every loader must refuse the result with (none for a good bundle).
+// Here the C++ loader judges them (AotManifest::load with CubinCheck::kNow, as `luminav verify`
+// and the native module do); tests/test_bundle_rules.py runs the same cases through Python.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,7 +1,8 @@
 // tests/test_elf.cpp: the strict cubin reader (src/aot/elf.cpp)
 //
-// Real cubins of Triton 3.6 (the shared corpus's base/) and the test fakes parse, with their arch,
-// entry symbol, parameter layout and block size; every cut of a real cubin and every corruption
+// Real cubins of Triton 3.6 (the shared corpus's base/: sm_80, sm_90 and sm_100) and the test
+// fakes parse, with their arch, entry symbol, parameter layout and block size (and the sm_100
+// one's Mercury copy); every cut of a real cubin and every corruption
 // of its header, section table, symbols and .nv.info is either accepted or refused with an
 // ElfError of the rule book's ELF codes, never read out of bounds (run under ASan/UBSan too).
 #include <gtest/gtest.h>
@@ -157,4 +158,89 @@ TEST(Elf, CorruptedStructureIsNeverReadOutOfBounds) {
   }
   EXPECT_GT(refused, 1000);
   EXPECT_GT(accepted, 0);  // padding and values the rules do not constrain
+}
+
+namespace {
+
+const char kBlackwell[] = "commit.f0.T1024.w4.sm100.cubin";
+
+std::vector<std::pair<std::uint32_t, std::uint32_t>> layout(const luminav::elf::FunctionInfo& fi) {
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> got;
+  for (std::uint32_t ord = 0; ord < fi.params.size(); ++ord) {
+    for (const auto& p : fi.params) {
+      if (p.ordinal == ord) got.emplace_back(p.offset, p.size);
+    }
+  }
+  return got;
+}
+
+}  // namespace
+
+// sm_100 (ELF ABI version 8): ptxas's two notes, .nv.compat, and the Mercury copy of the kernel
+// (.nv.capmerc.text, .nv.merc.*, with views of the SASS's data sections sharing their bytes).
+TEST(Elf, ReadsABlackwellCubin) {
+  const auto b = base_cubin(kBlackwell);
+  ASSERT_FALSE(b.empty()) << "no corpus cubin at " << kBase;
+  const CubinInfo info = parse_cubin(b.data(), b.size());
+  EXPECT_EQ(info.arch, 100);
+  EXPECT_EQ(info.abi_version, 8);
+  const auto entry = info.entry_symbols("_lumina_tdclm_commit_kernel");
+  ASSERT_EQ(entry.size(), 1u);
+  const auto merc = info.merc_entry_symbols("_lumina_tdclm_commit_kernel");
+  ASSERT_EQ(merc.size(), 1u);
+  EXPECT_EQ(info.sections[merc[0]->shndx].type, luminav::elf::kShtCudaCapmerc);
+  const auto& fi = info.function_info.at(entry[0]->shndx);
+  const auto& mfi = info.merc_function_info.at(merc[0]->shndx);
+  ASSERT_EQ(fi.size(), 1u);
+  ASSERT_EQ(mfi.size(), 1u);
+  EXPECT_EQ(layout(fi[0]), (std::vector<std::pair<std::uint32_t, std::uint32_t>>{{0, 8}, {8, 8}, {16, 4}, {24, 8}, {32, 8}}));
+  EXPECT_EQ(layout(mfi[0]), layout(fi[0]));
+  ASSERT_TRUE(mfi[0].reqntid.has_value());
+  EXPECT_EQ((*mfi[0].reqntid)[0], 128u);
+  int notes = 0, views = 0;
+  for (const auto& s : info.sections) {
+    notes += s.type == luminav::elf::kShtNote;
+    views += s.type == luminav::elf::kShtProgbits && (s.flags & luminav::elf::kShfCudaMercury) &&
+             s.name == ".nv.merc.nv_debug_ptx_txt";
+  }
+  EXPECT_EQ(notes, 2);
+  EXPECT_EQ(views, 1);
+}
+
+TEST(Elf, EveryCutOfABlackwellCubinIsRefused) {
+  const auto b = base_cubin(kBlackwell);
+  for (std::size_t n = 0; n < b.size(); ++n) {
+    const std::vector<unsigned char> cut(b.begin(), b.begin() + static_cast<long>(n));
+    ASSERT_NE(rule_of(cut), -1) << n;
+  }
+}
+
+// Every byte of the header, the section header table, both symbol tables, the notes, .nv.compat,
+// every .nv.info, relocation and call graph section set to 0x00, 0xff and +1: accepted or
+// refused, never a crash (under ASan/UBSan in make cpp-asan-test).
+TEST(Elf, CorruptedBlackwellStructureIsNeverReadOutOfBounds) {
+  const auto good = base_cubin(kBlackwell);
+  const CubinInfo info = parse_cubin(good.data(), good.size());
+  const std::uint64_t shoff = le(good, 0x28, 8), shnum = le(good, 0x3c, 2);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> regions = {{0, 64}, {shoff, shoff + 64 * shnum}};
+  using namespace luminav::elf;
+  for (const auto& s : info.sections) {
+    if (s.type == kShtSymtab || s.type == kShtCudaMercSymtab || s.type == kShtNote || s.type == kShtCudaCompat ||
+        s.type == kShtCudaInfo || s.type == kShtCudaMercInfo || s.type == kShtCudaCallgraph || s.type == kShtRela ||
+        s.type == kShtCudaMercRela) {
+      regions.emplace_back(s.offset, s.offset + s.size);
+    }
+  }
+  int refused = 0, accepted = 0;
+  for (const auto& [lo, hi] : regions) {
+    for (std::uint64_t off = lo; off < hi; ++off) {
+      for (const int how : {0, 1, 2}) {
+        auto b = good;
+        b[off] = how == 0 ? 0x00 : how == 1 ? 0xff : static_cast<unsigned char>(b[off] + 1);
+        (rule_of(b) == -1 ? accepted : refused)++;
+      }
+    }
+  }
+  EXPECT_GT(refused, 1000);
+  EXPECT_GT(accepted, 0);
 }

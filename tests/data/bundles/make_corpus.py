@@ -2,8 +2,9 @@
 
     python tests/data/bundles/make_corpus.py --from DIR
 
-DIR is a bundle built with ``luminamoon aot build --arch 80,90 --dtypes fp32:fp32:fp32``; three of
-its commit variants become ``base/`` (three real cubins, about 30 KB), and ``cases.json`` lists
+DIR is a bundle built with ``luminamoon aot build --arch 80,90,100 --dtypes fp32:fp32:fp32``; four
+of its commit variants become ``base/`` (four real cubins, about 45 KB: sm_90, sm_90, sm_80 and an
+sm_100 one with ptxas's notes, .nv.compat and the Mercury copy), and ``cases.json`` lists
 each case as a list of operations on a copy of ``base/`` and the reason code and field both the
 C++ loader (``AotManifest::load(dir, CubinCheck::kNow)``, optimizer/luminav-triton-aot/tests/
 test_bundle_corpus.cpp) and the Python tooling (``load_bundle`` and the native module's
@@ -35,10 +36,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "python"))
 
 from luminamoon.aot.cubin import parse_cubin  # noqa: E402
 
-BASE_KEYS = [("commit.f0.T1024.w4", 90), ("commit.f1.T1024.w4", 90), ("commit.f1.T1024.w4", 80)]
+BASE_KEYS = [("commit.f0.T1024.w4", 90), ("commit.f1.T1024.w4", 90), ("commit.f1.T1024.w4", 80),
+             ("commit.f0.T1024.w4", 100)]
 C0 = "commit.f0.T1024.w4.sm90.cubin"  # kernels[0]'s cubin
 C1 = "commit.f1.T1024.w4.sm90.cubin"
 C2 = "commit.f1.T1024.w4.sm80.cubin"
+C3 = "commit.f0.T1024.w4.sm100.cubin"  # kernels[3]'s: Blackwell, ELF ABI version 8
 SH_FIELDS = {"name": (0, 4), "type": (4, 4), "flags": (8, 8), "offset": (24, 8), "size": (32, 8),
              "link": (40, 4), "info": (44, 4), "align": (48, 8), "entsize": (56, 8)}
 
@@ -48,8 +51,9 @@ def le(v: int, n: int) -> str:
 
 
 class Cubin:
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, file: str = C0) -> None:
         self.data = data
+        self.file = file
         self.info = parse_cubin(data)
         self.shoff = struct.unpack_from("<Q", data, 0x28)[0]
         self.shnum = struct.unpack_from("<H", data, 0x3C)[0]
@@ -59,7 +63,8 @@ class Cubin:
 
     def sh(self, index: int, field: str, value: int) -> dict:
         off, n = SH_FIELDS[field]
-        return {"op": "patch", "file": C0, "offset": self.shoff + 64 * index + off, "hex": le(value, n)}
+        return {"op": "patch", "file": self.file, "offset": self.shoff + 64 * index + off,
+                "hex": le(value, n)}
 
     def symbol_offset(self, name: str) -> int:
         symtab = self.section(".symtab")
@@ -67,6 +72,9 @@ class Cubin:
             if self.info.symbols[j].name == name:
                 return symtab.offset + 24 * j
         raise KeyError(name)
+
+    def merc_symbol_offset(self, j: int) -> int:
+        return self.section(".nv.merc.symtab").offset + 24 * j
 
     def nvinfo_records(self, section_name: str):
         """(offset in the file, format, attribute, value offset, value size) of each record."""
@@ -280,7 +288,7 @@ def cases(base: str) -> list:
     case("num-warps-changed", "key_mismatch", f"{f}.key", K, jset(k0 + "/num_warps", 8))
     case("duplicate-entry", "duplicate", "kernels[3]", S, jset("/kernels/3", man["kernels"][0]))
 
-    # --- cubins: the ELF structure (E1-E27), each with its hash updated to match
+    # --- cubins: the ELF structure (E1-E29), each with its hash updated to match
     E = "a corrupted cubin, rehashed, segfaults cuModuleLoadData"
     n = len(c0.data)
     case("elf-empty", "truncated", f"{f}.cubin", E, {"op": "truncate", "file": C0, "size": 0}, rehash())
@@ -398,6 +406,9 @@ def cases(base: str) -> list:
     case("elf-segment-past-end", "truncated", f"{f}.cubin", E,
          patch(C0, struct.unpack_from("<Q", c0.data, 0x20)[0] + 8, le(n, 8)), rehash())
 
+    # --- Blackwell cubins (sm_100 and later): ptxas's notes, .nv.compat, the Mercury copy
+    out += blackwell_cases(base)
+
     # --- cubins: what the manifest says of them (C3-C6)
     case("cubin-modified-not-rehashed", "sha256", f"{f}.sha256", "hashes",
          patch(C0, c0.section(".text.").offset + 16, "ff"))
@@ -434,9 +445,108 @@ def cases(base: str) -> list:
     return out
 
 
+def blackwell_cases(base: str) -> list:
+    """kernels[3]: an sm_100 cubin, each structure ptxas adds for Blackwell broken once."""
+    c3 = Cubin(open(os.path.join(base, C3), "rb").read(), C3)
+    f = "kernels[3]"
+    out = []
+
+    def case(name, code, field, *ops):
+        out.append({"name": name, "code": code, "field": field,
+                    "finding": "Blackwell: notes, .nv.compat, the Mercury copy", "ops": list(ops)})
+
+    def bad(name, *ops):
+        case(name, "elf_section", f"{f}.cubin", *ops, rehash(C3))
+
+    text = c3.section(".text.")
+    tk, cv = c3.section(".note.nv.tkinfo"), c3.section(".note.nv.cuver")
+    compat = c3.section(".nv.compat")
+    ptx, merc_ptx = c3.section(".nv_debug_ptx_txt"), c3.section(".nv.merc.nv_debug_ptx_txt")
+    merc_frame = c3.section(".nv.merc.debug_frame")
+    capmerc = c3.section(".nv.capmerc.text.")
+    msymtab = c3.section(".nv.merc.symtab")
+    minfo = c3.section(".nv.merc.nv.info.")
+    mrela = c3.section(".nv.merc.rela.debug_line")
+    rela = c3.section(".rela.debug_line")
+    strtab = c3.section(".strtab")
+    mrecords = c3.nvinfo_records(minfo.name)
+    mkparams = [r for r in mrecords if r[2] == 0x17]
+    mreqntid = next(r for r in mrecords if r[2] == 0x10)
+    mregcount = next(r for r in c3.nvinfo_records(".nv.merc.nv.info") if r[2] == 0x2F)
+    maxreg = next(r for r in c3.nvinfo_records(".nv.info.") if r[2] == 0x1B)
+    merc_entry = next(j for j, s in enumerate(c3.info.merc_symbols) if s.other & 0x10)
+    merc_object = next(j for j, s in enumerate(c3.info.merc_symbols) if s.type == 1)
+    tk_desc = tk.offset + 12 + 12  # after the note header and the 12-byte owner
+    # notes (E28)
+    bad("blackwell-note-owner", patch(C3, tk.offset + 12, b"X".hex()))
+    bad("blackwell-note-past-its-section", patch(C3, tk.offset + 4, le(0x1000, 4)))
+    bad("blackwell-note-toolkit-string-offset", patch(C3, tk_desc + 8, le(5000, 4)))
+    bad("blackwell-note-type", patch(C3, cv.offset + 8, le(3000, 4)))
+    bad("blackwell-note-cuda-version-size", patch(C3, cv.offset + 4, le(4, 4)))
+    bad("blackwell-note-links-code", c3.sh(cv.index, "link", text.index))
+    bad("blackwell-note-bits-on-code", c3.sh(text.index, "flags", text.flags | 0x1000000))
+    # overlaps (E21): a Mercury view shares the bytes of one data section, nothing else
+    bad("blackwell-mercury-view-of-code", c3.sh(merc_ptx.index, "offset", text.offset),
+        c3.sh(merc_ptx.index, "size", text.size))
+    bad("blackwell-mercury-view-flags", c3.sh(merc_ptx.index, "flags", 0x10000002))
+    bad("blackwell-plain-twins", c3.sh(merc_ptx.index, "flags", 0))
+    bad("blackwell-mercury-view-twice", c3.sh(merc_frame.index, "offset", ptx.offset),
+        c3.sh(merc_frame.index, "size", ptx.size))
+    bad("blackwell-mercury-view-partial", c3.sh(merc_ptx.index, "size", ptx.size - 1))
+    # the Mercury bit and types (E18, E22-E24)
+    bad("blackwell-capmerc-without-mercury-bit", c3.sh(capmerc.index, "flags", 0))
+    bad("blackwell-mercury-bit-on-code", c3.sh(text.index, "flags", text.flags | 0x10000000))
+    bad("blackwell-mercury-symtab-link", c3.sh(msymtab.index, "link", c3.section(".symtab").index))
+    bad("blackwell-mercury-nvinfo-links-symtab", c3.sh(minfo.index, "link",
+                                                       c3.section(".symtab").index))
+    bad("blackwell-two-mercury-symtabs", c3.sh(merc_frame.index, "type", 0x70000085),
+        c3.sh(merc_frame.index, "entsize", 24), c3.sh(merc_frame.index, "size", 96),
+        c3.sh(merc_frame.index, "link", strtab.index))
+    bad("blackwell-capmerc-names-a-section-symbol", c3.sh(capmerc.index, "info", 1))
+    bad("blackwell-capmerc-sh-info-past-symbols", c3.sh(capmerc.index, "info", 500))
+    bad("blackwell-mercury-symbol-name", patch(C3, c3.merc_symbol_offset(merc_entry),
+                                               le(strtab.size + 1, 4)))
+    bad("blackwell-mercury-object-past-its-code",
+        patch(C3, c3.merc_symbol_offset(merc_object) + 6, le(capmerc.index, 2)),
+        patch(C3, c3.merc_symbol_offset(merc_object) + 8,
+              le(c3.info.merc_symbols[merc_entry].size - 2, 8)))
+    # Mercury relocations, attributes (E25-E26)
+    bad("blackwell-mercury-relocation-symbol", patch(C3, mrela.offset + 12, le(9999, 4)))
+    bad("blackwell-mercury-relocation-offset", patch(C3, mrela.offset, le(1 << 32, 8)))
+    bad("blackwell-mercury-relocates-plain",
+        c3.sh(mrela.index, "info", c3.section(".debug_line").index))
+    bad("blackwell-plain-relocates-mercury", c3.sh(rela.index, "info",
+                                                   c3.section(".nv.merc.debug_line").index))
+    bad("blackwell-mercury-nvinfo-describes-code", c3.sh(minfo.index, "info", text.index))
+    bad("blackwell-mercury-nvinfo-exit-offset",
+        patch(C3, next(r for r in mrecords if r[2] == 0x1C)[3],
+              le(c3.info.merc_symbols[merc_entry].size, 4)))
+    bad("blackwell-mercury-nvinfo-regcount-symbol",
+        patch(C3, mregcount[3], le(len(c3.info.merc_symbols), 4)))
+    bad("blackwell-nvinfo-unnamed-attribute-format", patch(C3, maxreg[0] + 1, "6d"))
+    bad("blackwell-nvinfo-attribute-0x60", patch(C3, maxreg[0] + 1, "60"))
+    # .nv.compat (E29)
+    bad("blackwell-compat-repeated", patch(C3, compat.offset + 4 + 1,
+                                           c3.data[compat.offset + 1:compat.offset + 2].hex()))
+    bad("blackwell-compat-unknown-attribute", patch(C3, compat.offset + 1, "40"))
+    bad("blackwell-compat-format", patch(C3, compat.offset, "09"))
+    bad("blackwell-compat-cut", c3.sh(compat.index, "size", compat.size - 1))
+    # the Mercury copy's parameters and block (C6)
+    case("blackwell-mercury-param-offset", "param_mismatch", f"{f}.signature",
+         patch(C3, mkparams[2][3] + 6, le(0x14, 2)), rehash(C3))
+    case("blackwell-mercury-param-ordinal-repeated", "param_mismatch", f"{f}.num_params",
+         patch(C3, mkparams[0][3] + 4, le(0, 2)) if
+         struct.unpack_from("<H", c3.data, mkparams[0][3] + 4)[0] != 0 else
+         patch(C3, mkparams[0][3] + 4, le(1, 2)), rehash(C3))
+    case("blackwell-mercury-block-size", "launch_shape", f"{f}.num_warps",
+         patch(C3, mreqntid[3], le(256, 4)), rehash(C3))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--from", dest="src", required=True, help="a bundle built for sm_80 and sm_90")
+    ap.add_argument("--from", dest="src", required=True,
+                    help="a bundle built for sm_80, sm_90 and sm_100")
     args = ap.parse_args()
     man = json.load(open(os.path.join(args.src, "manifest.json")))
     by = {(e["key"], e["target"]["arch"]): e for e in man["kernels"]}
