@@ -11,8 +11,11 @@ JOBS ?= $(shell nproc)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(JOBS)
 BUILD ?= build/cpp
 ASAN_BUILD ?= build/cpp-asan
+FUZZ_BUILD ?= build/fuzz
+# Seconds each libFuzzer target runs in `make fuzz` (and so in `make test`).
+FUZZ_SECONDS ?= 60
 
-.PHONY: setup system-deps venv install dev cpp cpp-test cpp-asan-test pytest test test-matrix demo bench clean
+.PHONY: setup system-deps venv install dev cpp cpp-test cpp-asan-test fuzz pytest test test-matrix demo bench clean
 
 setup: install
 
@@ -54,10 +57,28 @@ cpp-asan-test: venv
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
 
+# libFuzzer over the manifest reader and the cubin reader (optimizer/luminav-triton-aot/fuzz/),
+# built with clang, ASan and UBSan, FUZZ_SECONDS each from the committed seeds; a crash, a
+# sanitizer report, a hang (-timeout) or an exception other than a bundle error fails the target
+# and leaves the input as $(FUZZ_BUILD)/crash-* (or timeout-*, oom-*).
+FUZZ_DIR := optimizer/luminav-triton-aot/fuzz
+fuzz: venv
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DLUMINAV_FUZZ=ON -DLUMINAV_SANITIZE=address,undefined -DLUMINAV_BUILD_TESTS=OFF \
+	    -DLUMINAV_BUILD_EXAMPLES=OFF
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_manifest fuzz_elf
+	set -e; for t in manifest elf; do \
+	  mkdir -p $(FUZZ_BUILD)/corpus-$$t; \
+	  dict=""; [ -f $(FUZZ_DIR)/$$t.dict ] && dict="-dict=$(FUZZ_DIR)/$$t.dict"; \
+	  ASAN_OPTIONS=detect_leaks=1 $(FUZZ_BUILD)/optimizer/luminav-triton-aot/fuzz_$$t \
+	    -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/ $$dict $(FUZZ_BUILD)/corpus-$$t $(FUZZ_DIR)/seeds/$$t; \
+	done
+
 pytest: install
 	cd tests && LUMINAMOON_REQUIRE_NATIVE=1 $(VPY) -m pytest -q -ra --rootdir=.. -c ../pyproject.toml .
 
-test: cpp-test cpp-asan-test pytest
+test: cpp-test cpp-asan-test fuzz pytest
 
 # Every supported torch release with the Triton its build pins (scripts/test_matrix.py): a fresh
 # venv each, LuminaMoon's wheel built once and installed into all. MATRIX_ARGS: e.g.

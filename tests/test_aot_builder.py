@@ -36,12 +36,12 @@ ARCHS = (80, 90)
 # ---------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["n", "seed"])
 def _aot_toy_kernel(x_ptr, y_ptr, n, seed: tl.int64, scale, BLOCK: tl.constexpr,
-                    MODE: tl.constexpr):
+                    SR: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
-    if MODE == 1:
+    if SR == 1:
         x = x * scale + (seed & 0xFF).to(tl.float32)
     tl.store(y_ptr + offs, x, mask=mask)
 
@@ -87,14 +87,15 @@ class ToyVariant:
     num_stages: int
 
     def key(self) -> str:
-        return f"{self.kernel}." + ".".join(f"{n}{v}" for n, v in self.constexprs) + \
-            f".w{self.num_warps}"
+        # the rule book derives a key from these (docs/bundle-format.md); the toy's constexpr
+        # names are ones the key encodes (its SR switches the scale mode)
+        return mf.derive_key(self.kernel, dict(self.constexprs), self.num_warps)
 
 
 TOY_ARGS = (("x_ptr", "*fp32"), ("y_ptr", "*fp32"), ("n", "i32"), ("seed", "i64"),
             ("scale", "fp32"))
-TOY_SPECS = {"pass1": ToySpec("pass1", _aot_toy_kernel, TOY_ARGS, ("BLOCK", "MODE"))}
-TOY_VARIANTS = [ToyVariant("pass1", (("BLOCK", 256), ("MODE", m)), 4, 3) for m in (0, 1)]
+TOY_SPECS = {"pass1": ToySpec("pass1", _aot_toy_kernel, TOY_ARGS, ("BLOCK", "SR"))}
+TOY_VARIANTS = [ToyVariant("pass1", (("BLOCK", 256), ("SR", m)), 4, 3) for m in (0, 1)]
 
 
 def build_toy_bundle(out_dir, archs=ARCHS, jobs=1):
@@ -326,7 +327,7 @@ def test_plan_marks_every_aligned_pointer_and_no_scalar():
     plan = builder.plan_kernel(TOY_SPECS["pass1"])
     assert plan.divisible_by_16 == ("x_ptr", "y_ptr")
     assert plan.runtime_args == TOY_ARGS
-    assert plan.arg_names == ("x_ptr", "y_ptr", "n", "seed", "scale", "BLOCK", "MODE")
+    assert plan.arg_names == ("x_ptr", "y_ptr", "n", "seed", "scale", "BLOCK", "SR")
 
 
 @pytest.mark.skipif(not _HAS_ALIGNMENT_OPT_OUT,
@@ -345,17 +346,17 @@ def test_plan_refuses_an_integer_the_jit_specialises():
 
 
 @pytest.mark.parametrize("args, constexprs, pattern", [
-    pytest.param(TOY_ARGS[:-1], ("BLOCK", "MODE"), r"'scale'.*missing from the spec",
+    pytest.param(TOY_ARGS[:-1], ("BLOCK", "SR"), r"'scale'.*missing from the spec",
                  id="missing-arg"),
-    pytest.param((TOY_ARGS[1], TOY_ARGS[0]) + TOY_ARGS[2:], ("BLOCK", "MODE"),
+    pytest.param((TOY_ARGS[1], TOY_ARGS[0]) + TOY_ARGS[2:], ("BLOCK", "SR"),
                  r"not in the kernel's declaration order", id="out-of-order"),
-    pytest.param(TOY_ARGS[:3] + (("seed", "i32"),) + TOY_ARGS[4:], ("BLOCK", "MODE"),
+    pytest.param(TOY_ARGS[:3] + (("seed", "i32"),) + TOY_ARGS[4:], ("BLOCK", "SR"),
                  r"'seed' is annotated 'i64' but declared 'i32'", id="annotation-disagrees"),
-    pytest.param(TOY_ARGS + (("BLOCK", "i32"),), ("MODE",),
+    pytest.param(TOY_ARGS + (("BLOCK", "i32"),), ("SR",),
                  r"'BLOCK' is a tl.constexpr parameter", id="constexpr-as-runtime"),
-    pytest.param(TOY_ARGS[:4] + (("scale", "f32"),), ("BLOCK", "MODE"),
+    pytest.param(TOY_ARGS[:4] + (("scale", "f32"),), ("BLOCK", "SR"),
                  r"unknown type word 'f32'", id="bad-type-word"),
-    pytest.param(TOY_ARGS, ("BLOCK", "MODE", "EXTRA"), r"'EXTRA' is not a parameter",
+    pytest.param(TOY_ARGS, ("BLOCK", "SR", "EXTRA"), r"'EXTRA' is not a parameter",
                  id="unknown-constexpr"),
 ])
 def test_plan_refuses_a_spec_that_disagrees_with_its_kernel(args, constexprs, pattern):
@@ -375,7 +376,7 @@ def test_plan_refuses_a_spec_that_disagrees_with_its_kernel(args, constexprs, pa
     pytest.param({"variants": TOY_VARIANTS + TOY_VARIANTS[:1]}, r"share the key",
                  id="duplicate-key"),
     pytest.param({"variants": [ToyVariant("pass1", (("BLOCK", 256),), 4, 3)]},
-                 r"missing \['MODE'\]", id="missing-constexpr"),
+                 r"missing \['SR'\]", id="missing-constexpr"),
     pytest.param({"variants": [ToyVariant("reduce", (("BLOCK", 256),), 4, 3)]},
                  r"no spec", id="unknown-kernel"),
 ])
@@ -392,8 +393,8 @@ def test_compile_failure_names_variant_and_arch_and_leaves_no_manifest(tmp_path,
     out = tmp_path / "b"
     out.mkdir()
     (out / "manifest.json").write_bytes((src / "manifest.json").read_bytes())
-    bad = ToyVariant("pass1", (("BLOCK", 100), ("MODE", 0)), 4, 3)  # arange needs a power of 2
-    with pytest.raises(builder.BuildError, match=r"pass1\.BLOCK100\.MODE0\.w4 for sm_80 failed"):
+    bad = ToyVariant("pass1", (("BLOCK", 100), ("SR", 0)), 4, 3)  # arange needs a power of 2
+    with pytest.raises(builder.BuildError, match=r"pass1\.sr0\.B100\.w4 for sm_80 failed"):
         builder.build_bundle(out, archs=(80,), variants=[bad], specs=TOY_SPECS, progress=False)
     # the old manifest is gone before anything is replaced: no reader sees a mixed bundle
     assert not (out / "manifest.json").exists()

@@ -135,11 +135,11 @@ def test_table_cols_required_from_version_2_and_implied_by_version_1(bundle):
     _write(bundle, man)
     err = _refusal(bundle)
     assert err.code == "missing_field" and err.field == "table_cols"
-    for bad in ("18", 0, 5000):
+    for bad, code in (("18", "bad_type"), (0, "bad_value"), (5000, "bad_value")):
         man["table_cols"] = bad
         _write(bundle, man)
         err = _refusal(bundle)
-        assert err.code == "bad_value" and err.field == "table_cols"
+        assert err.code == code and err.field == "table_cols"
     del man["table_cols"]
     man["format_version"] = 1
     _write(bundle, man)
@@ -167,27 +167,60 @@ def test_missing_top_field(bundle, field):
     assert err.code in ("missing_field", "format", "format_version")
 
 
-@pytest.mark.parametrize("field, value, code, text", [
-    pytest.param("num_warps", "8", "bad_type", "expected an integer", id="num_warps-str"),
-    pytest.param("num_warps", True, "bad_type", "expected an integer", id="num_warps-bool"),
-    pytest.param("signature", "*i64,i32", "bad_type", "a list of strings", id="signature-str"),
-    pytest.param("constexprs", {"BLOCK": "256"}, "bad_type", "an object of integers",
+@pytest.mark.parametrize("field, value, code, text, where", [
+    pytest.param("num_warps", "8", "bad_type", "expected an integer", "", id="num_warps-str"),
+    pytest.param("num_warps", True, "bad_type", "expected an integer", "", id="num_warps-bool"),
+    pytest.param("signature", "*i64,i32", "bad_type", "an array of strings", "",
+                 id="signature-str"),
+    pytest.param("constexprs", {"BLOCK": "256"}, "bad_type", "expected an integer", ".BLOCK",
                  id="constexprs"),
-    pytest.param("kernel", "pass3", "bad_value", "one of pass1, reduce", id="kernel-name"),
-    pytest.param("sha256", "ABC", "bad_value", "64 lowercase hex digits", id="sha256-form"),
-    pytest.param("cubin", "../elsewhere.cubin", "bad_value", "no directories", id="cubin-path"),
-    pytest.param("num_warps", 0, "bad_value", "an integer >= 1", id="num_warps-0"),
-    pytest.param("shared_mem", -1, "bad_value", "an integer >= 0", id="shared-negative"),
-    pytest.param("global_scratch_align", 3, "bad_value", "a power of two", id="align"),
-    pytest.param("num_trailing_scratch_ptrs", 3, "bad_value", "0..2", id="trailing-3"),
+    pytest.param("constexprs", {"BLOCK": True}, "bad_type", "expected an integer", ".BLOCK",
+                 id="constexpr-bool"),
+    pytest.param("kernel", "pass3", "bad_value", "one of pass1, reduce", "", id="kernel-name"),
+    pytest.param("sha256", "ABC", "bad_value", "64 lowercase hex digits", "", id="sha256-form"),
+    pytest.param("cubin", "../elsewhere.cubin", "bad_value", "no directories", "",
+                 id="cubin-path"),
+    pytest.param("num_warps", 0, "bad_value", "a power of two in 1..32", "", id="num_warps-0"),
+    pytest.param("num_warps", 3, "bad_value", "a power of two in 1..32", "", id="num_warps-3"),
+    pytest.param("num_warps", 64, "bad_value", "a power of two in 1..32", "", id="num_warps-64"),
+    pytest.param("num_ctas", 17, "bad_value", "an integer in 1..16", "", id="num_ctas-17"),
+    pytest.param("shared_mem", -1, "bad_value", "an integer in 0..", "", id="shared-negative"),
+    pytest.param("shared_mem", 2 ** 31, "bad_value", "an integer in 0..2147483647", "",
+                 id="shared-2^31"),
+    pytest.param("global_scratch_size", 2 ** 41, "bad_value", "an integer in 0..", "",
+                 id="scratch-2^41"),
+    pytest.param("global_scratch_align", 3, "bad_value", "a power of two", "", id="align"),
+    pytest.param("num_trailing_scratch_ptrs", 3, "bad_value", "0..2", "", id="trailing-3"),
+    pytest.param("triton_version", "", "bad_value", "a version such as", "",
+                 id="triton-version-empty"),
 ])
-def test_mistyped_or_bad_kernel_field(bundle, field, value, code, text):
+def test_mistyped_or_bad_kernel_field(bundle, field, value, code, text, where):
     man = _manifest(bundle)
     man["kernels"][0][field] = value
     _write(bundle, man)
     err = _refusal(bundle)
-    assert err.code == code and err.field == f"kernels[0].{field}"
-    assert text in str(err) and json.dumps(value)[:20] in str(err)
+    assert err.code == code and err.field == f"kernels[0].{field}{where}"
+    shown = json.dumps(value if not where else value[where[1:]])
+    assert text in str(err) and shown[:20] in str(err)
+
+
+def test_empty_kernel_list(bundle):
+    man = _manifest(bundle)
+    man["kernels"] = []
+    _write(bundle, man)
+    err = _refusal(bundle)
+    assert err.code == "bad_value" and err.field == "kernels"
+
+
+def test_swapped_keys_are_refused(bundle):
+    man = _manifest(bundle)
+    a, b = man["kernels"][0], next(e for e in man["kernels"] if e["key"] != man["kernels"][0]["key"]
+                                    and e["target"]["arch"] == man["kernels"][0]["target"]["arch"])
+    a["key"], b["key"] = b["key"], a["key"]
+    _write(bundle, man)
+    err = _refusal(bundle)
+    assert err.code == "key_mismatch" and err.field == "kernels[0].key"
+    assert "derived from kernel, constexprs and num_warps" in str(err)
 
 
 def test_unknown_type_word(bundle):
@@ -220,20 +253,31 @@ def test_arg_names_count_off_by_one(bundle):
 
 
 def test_manifest_consistent_but_cubin_parameter_count_differs(bundle):
-    # Dropping one trailing pointer and one param keeps the manifest self-consistent; the
-    # cubin's own parameter list still has the original count.
+    # Dropping one trailing pointer and one param, and naming a Triton that appends one fewer,
+    # keeps the manifest self-consistent; the cubin's own parameter list still has the
+    # original count.
     man = _manifest(bundle)
     e = man["kernels"][0]
     if e["num_trailing_scratch_ptrs"] == 0:
         pytest.skip("this Triton appends no scratch pointer to drop")
     e["num_trailing_scratch_ptrs"] -= 1
     e["num_params"] -= 1
+    e["triton_version"] = {0: "3.2.0", 1: "3.4.0"}[e["num_trailing_scratch_ptrs"]]
     _write(bundle, man)
     err = _refusal(bundle)
-    assert err.code == "num_params"
+    assert err.code == "param_mismatch" and err.field == "kernels[0].num_params"
     assert f"{e['num_params'] + 1} (the cubin's own parameter count" in str(err)
     _, problems = mf.verify_bundle(bundle)
-    assert {p.code for p in problems} == {"num_params", "abi"}  # + the version table
+    assert [p.code for p in problems] == ["param_mismatch"]
+
+
+def test_trailing_count_wrong_for_the_triton_version(bundle):
+    man = _manifest(bundle)
+    e = man["kernels"][0]
+    e["triton_version"] = "3.2.0" if e["num_trailing_scratch_ptrs"] else "3.6.0"
+    _write(bundle, man)
+    err = _refusal(bundle)
+    assert err.code == "scratch" and err.field == "kernels[0].num_trailing_scratch_ptrs"
 
 
 def test_signature_size_differs_from_cubin(bundle):
@@ -243,7 +287,7 @@ def test_signature_size_differs_from_cubin(bundle):
     sig[i] = "i32"  # 4 bytes where the kernel takes 8
     _write(bundle, man)
     err = _refusal(bundle)
-    assert err.code == "abi" and err.field == "kernels[0].signature"
+    assert err.code == "param_mismatch" and err.field == "kernels[0].signature"
 
 
 def test_scratch_size_without_its_pointer(bundle):
@@ -254,7 +298,7 @@ def test_scratch_size_without_its_pointer(bundle):
     e["global_scratch_size"] = 64
     _write(bundle, man)
     err = _refusal(bundle)
-    assert err.code == "abi" and err.field == "kernels[0].global_scratch_size"
+    assert err.code == "scratch" and err.field == "kernels[0].global_scratch_size"
 
 
 def test_duplicate_key_and_arch(bundle):
@@ -296,7 +340,8 @@ def test_wrong_hash(bundle):
     data = bytearray(path.read_bytes())
     info = parse_cubin(bytes(data))
     assert info.size == len(data)
-    data[len(data) // 2] ^= 0xFF  # same length and structure, different bytes
+    text = next(s for s in info.sections if s.name.startswith(".text."))
+    data[text.offset + text.size // 2] ^= 0xFF  # same length and structure, different bytes
     path.write_bytes(bytes(data))
     err = _refusal(bundle)
     assert err.code == "sha256" and err.field == "kernels[0].sha256"
@@ -315,7 +360,7 @@ def test_not_a_cubin(bundle):
     path = _first_cubin(bundle)
     path.write_bytes(b"#!/bin/sh\necho hello\n" * 8)
     err = _refusal(bundle)
-    assert err.code == "bad_value" and "ELF magic" in str(err)
+    assert err.code == "elf_header" and "ELF magic" in str(err)
 
 
 def test_entry_symbol_not_in_cubin(bundle):
@@ -323,7 +368,7 @@ def test_entry_symbol_not_in_cubin(bundle):
     man["kernels"][0]["entry"] = "_some_other_kernel"
     _write(bundle, man)
     err = _refusal(bundle)
-    assert err.code == "abi" and "'_some_other_kernel'" in str(err)
+    assert err.code == "no_entry_symbol" and "'_some_other_kernel'" in str(err)
 
 
 def test_cubin_of_another_arch(bundle):
@@ -331,7 +376,9 @@ def test_cubin_of_another_arch(bundle):
     a, b = man["kernels"][0], next(e for e in man["kernels"]
                                     if e["key"] == man["kernels"][0]["key"]
                                     and e["target"]["arch"] != man["kernels"][0]["target"]["arch"])
-    a["cubin"], a["sha256"] = b["cubin"], b["sha256"]  # sm_90 code under an sm_80 entry
+    # the other arch's code in this entry's file, hash updated: sm_90 code under an sm_80 entry
+    (bundle / a["cubin"]).write_bytes((bundle / b["cubin"]).read_bytes())
+    a["sha256"] = b["sha256"]
     _write(bundle, man)
     err = _refusal(bundle)
     assert err.code == "arch"

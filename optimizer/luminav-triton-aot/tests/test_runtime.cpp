@@ -113,10 +113,10 @@ TEST_F(RuntimeTest, ABundleOfAnOlderTritonLaunchesWithItsOwnTrailingCount) {
   for (int trailing : {0, 1}) {
     SCOPED_TRACE(trailing);
     TempDir dir;
-    json e = add_variant(dir, kPass2Key, 90);
-    e["num_trailing_scratch_ptrs"] = trailing;
-    e["num_params"] = 13 + trailing;
-    write_manifest(dir, manifest_with({e}));
+    VariantOptions older;
+    older.trailing = trailing;
+    older.triton_version = trailing == 0 ? "3.2.0" : "3.4.0";  // what each appends (docs/triton-abi.md)
+    write_manifest(dir, manifest_with({add_variant(dir, kPass2Key, 90, older)}));
     fake().use_param_sizes = true;
     fake().param_sizes = {8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4};
     for (int t = 0; t < trailing; ++t) fake().param_sizes.push_back(8);
@@ -362,7 +362,7 @@ TEST_F(RuntimeTest, ACorruptCubinIsRefusedAtItsFirstLoadBeforeTheDriverSeesIt) {
   std::vector<json> entries = {add_variant(dir_, kPass2Key, 90)};
   write_manifest(dir_, manifest_with(entries));
   const std::string cubin = dir_.file(entries[0]["cubin"].get<std::string>());
-  const std::vector<unsigned char> good = make_fake_cubin("cubin of " + entries[0]["cubin"].get<std::string>());
+  const std::vector<unsigned char> good = read_bytes(cubin);
   write_bytes(cubin, make_fake_cubin("modified"));
   AotRuntime rt(AotManifest::load(dir_.path()));  // the manifest alone: accepted
   for (int attempt = 0; attempt < 2; ++attempt) {

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "aot/bundle_rules.h"
 #include "aot/manifest.h"
 #include "engine/cpu_kernels.h"
 #include "engine/engine.h"
@@ -36,6 +37,47 @@ using luminav::RowTuple;
 namespace {
 
 luminav::CUstream stream_of(std::uintptr_t stream) { return reinterpret_cast<luminav::CUstream>(stream); }
+
+// A Python str of library text: UTF-8, any stray byte kept as a \\xNN escape.
+PyObject* text(const std::string& s) {
+  return PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
+}
+
+void set_error(PyObject* type, const std::string& message) {
+  PyObject* msg = text(message);
+  if (msg == nullptr) return;  // the decoder's own error is set
+  PyErr_SetObject(type, msg);
+  Py_DECREF(msg);
+}
+
+// luminamoon.aot.rules.BundleError(code, path, field, expected, found, message=<the library's>),
+// or a RuntimeError with the message where that module cannot be imported.
+void set_bundle_error(const luminav::BundleError& e) {
+  PyObject* module = PyImport_ImportModule("luminamoon.aot.rules");
+  PyObject* cls = module ? PyObject_GetAttrString(module, "BundleError") : nullptr;
+  Py_XDECREF(module);
+  if (cls == nullptr) {
+    PyErr_Clear();
+    set_error(PyExc_RuntimeError, e.what());
+    return;
+  }
+  PyObject* path = PyUnicode_DecodeFSDefaultAndSize(e.file().data(), static_cast<Py_ssize_t>(e.file().size()));
+  PyObject* args = path ? Py_BuildValue("(sNNNN)", e.code(), path, text(e.field()), text(e.expected()),
+                                        text(e.found()))
+                        : nullptr;
+  PyObject* kwargs = args ? Py_BuildValue("{sN}", "message", text(e.what())) : nullptr;
+  PyObject* exc = kwargs ? PyObject_Call(cls, args, kwargs) : nullptr;
+  Py_XDECREF(args);
+  Py_XDECREF(kwargs);
+  if (exc != nullptr) {
+    PyErr_SetObject(cls, exc);
+    Py_DECREF(exc);
+  } else {
+    PyErr_Clear();
+    set_error(PyExc_RuntimeError, e.what());
+  }
+  Py_DECREF(cls);
+}
 
 nb::dict kernel_dict(const luminav::KernelMetadata& k) {
   nb::dict d;
@@ -69,27 +111,45 @@ NB_MODULE(_luminav, m) {
   m.attr("API_VERSION") = LV_API_VERSION;
   m.attr("CPU_CHUNK") = luminav::cpu::kChunk;
 
-  // luminav::Error -> Python: ValueError for user errors, FloatingPointError for 'raise',
-  // LookupError for what is not found, RuntimeError for the rest; the message is the library's.
+  // luminav::BundleError -> luminamoon.aot.BundleError with the same code, file, field, expected
+  // and found (a ValueError); other luminav::Error -> ValueError for user errors,
+  // FloatingPointError for 'raise', LookupError for what is not found, RuntimeError for the
+  // rest. The message is the library's.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
+    } catch (const luminav::BundleError& e) {
+      set_bundle_error(e);
     } catch (const luminav::Error& e) {
       switch (e.status()) {
-        case luminav::Status::kInvalidArgument: PyErr_SetString(PyExc_ValueError, e.what()); break;
-        case luminav::Status::kNonFinite: PyErr_SetString(PyExc_FloatingPointError, e.what()); break;
-        case luminav::Status::kNotFound: PyErr_SetString(PyExc_LookupError, e.what()); break;
-        default: PyErr_SetString(PyExc_RuntimeError, e.what()); break;
+        case luminav::Status::kInvalidArgument: set_error(PyExc_ValueError, e.what()); break;
+        case luminav::Status::kNonFinite: set_error(PyExc_FloatingPointError, e.what()); break;
+        case luminav::Status::kNotFound: set_error(PyExc_LookupError, e.what()); break;
+        default: set_error(PyExc_RuntimeError, e.what()); break;
       }
     }
   });
+
+  // The rule book's codes (aot/bundle_rules.h), for the Python <-> C++ contract test.
+  nb::list rules;
+  for (int i = 0; i < luminav::kBundleRuleCount; ++i) {
+    rules.append(nb::make_tuple(luminav::bundle_rules()[i].code, luminav::bundle_rules()[i].description));
+  }
+  m.attr("BUNDLE_RULES") = nb::tuple(rules);
 
   m.def("api_version", &lv_api_version, "The C API version of the compiled library.");
   m.def("has_cuda_driver", [] { return luminav::cuda_driver_available(); },
         "True when libcuda.so.1 loads (the aot backend and the engine's CUDA path need it).");
 
-  m.def("load_manifest", [](const std::string& dir) {
-    const luminav::AotManifest man = luminav::AotManifest::load(dir, luminav::CubinCheck::kNow);
+  m.def("load_manifest", [](nb::object dir) {
+    // Any path Python has (str, bytes, os.PathLike; surrogate-escaped bytes included), as bytes.
+    const nb::bytes raw(nb::module_::import_("os").attr("fsencode")(dir));
+    const std::string path(raw.c_str(), raw.size());
+    luminav::AotManifest man;
+    {
+      nb::gil_scoped_release unlocked;  // file reads and hashing only
+      man = luminav::AotManifest::load(path, luminav::CubinCheck::kNow);
+    }
     nb::dict d;
     d["dir"] = man.dir();
     d["format_version"] = man.format_version();
@@ -100,7 +160,8 @@ NB_MODULE(_luminav, m) {
     for (const auto& k : man.kernels()) kernels.append(kernel_dict(k));
     d["kernels"] = kernels;
     return d;
-  }, "dir"_a, "Loads and verifies <dir>/manifest.json and its cubins; returns its content as a dict.");
+  }, "dir"_a, "Loads and verifies <dir>/manifest.json and its cubins by the rule book (docs/bundle-format.md); "
+                "returns its content as a dict, or raises luminamoon.aot.BundleError.");
 
   // Random streams, for cross-checking against luminamoon.optimizer.rng.
   m.def("splitmix64", &luminav::cpu::splitmix64, "z"_a);

@@ -3,7 +3,9 @@
 //
 //   luminav inspect BUNDLE                   the bundle's variants, as a table
 //   luminav verify BUNDLE [--device N] [--require-gpu]
-//                                            schema, hashes, ABI consistency; with a GPU also
+//                                            the rule book of docs/bundle-format.md (schema,
+//                                            keys, hashes, ELF structure, ABI) with no GPU, each
+//                                            refusal as "FAIL [<code>] ..."; with a GPU also
 //                                            loads every variant the device can run and checks
 //                                            its parameter list
 //   luminav selftest BUNDLE [--device N] [--steps S]
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "aot/bundle_rules.h"
 #include "aot/manifest.h"
 #include "aot/runtime.h"
 #include "common/cli_args.h"
@@ -62,8 +65,25 @@ int cmd_inspect(const BundleOptions& o) {
   return 0;
 }
 
+// One line per refusal: "FAIL [<code>] <field>: <message>", the code of the rule book
+// (docs/bundle-format.md) that scripts match on.
+void print_refusal(const Error& e) {
+  if (const auto* b = dynamic_cast<const BundleError*>(&e)) {
+    std::cout << "FAIL [" << b->code() << "] " << b->field() << ": " << e.what() << "\n";
+  } else {
+    std::cout << "FAIL " << e.what() << "\n";
+  }
+}
+
 int cmd_verify(const BundleOptions& o) {
-  const auto manifest = std::make_shared<const AotManifest>(AotManifest::load(o.bundle));
+  std::shared_ptr<const AotManifest> manifest;
+  try {
+    manifest = std::make_shared<const AotManifest>(AotManifest::load(o.bundle));
+  } catch (const BundleError& e) {
+    print_refusal(e);
+    std::cout << "FAIL the manifest is refused; nothing of this bundle is loaded\n";
+    return 1;
+  }
   print_header(*manifest);
   // Every cubin now, not only those a step would load: each one's refusal is reported.
   int bad_cubins = 0;
@@ -72,7 +92,7 @@ int cmd_verify(const BundleOptions& o) {
       (void)k.image();
     } catch (const Error& e) {
       ++bad_cubins;
-      std::cout << "FAIL " << k.key << " (" << sm(k.arch) << "): " << e.what() << "\n";
+      print_refusal(e);
     }
   }
   if (bad_cubins > 0) {
@@ -80,8 +100,8 @@ int cmd_verify(const BundleOptions& o) {
               << " cubins refused; rebuild the bundle (luminamoon aot build)\n";
     return 1;
   }
-  std::cout << "ok  schema, sha256 of " << manifest->kernels().size()
-            << " cubins, ELF structure, num_params = len(signature) + trailing scratch pointers\n";
+  std::cout << "ok  schema, keys, sha256 of " << manifest->kernels().size()
+            << " cubins, ELF structure, entry symbols, archs, parameter lists and block sizes\n";
   if (!cuda_driver_available()) {
     std::cout << (o.require_gpu ? "FAIL" : "skip") << " on-device checks: " << no_driver_reason() << "\n";
     return o.require_gpu ? 1 : 0;
@@ -105,7 +125,7 @@ int cmd_verify(const BundleOptions& o) {
                 << ", " << lk.num_regs << " registers\n";
     } catch (const Error& e) {
       ++failed;
-      std::cout << "FAIL " << k.key << " (" << sm(k.arch) << "): " << e.what() << "\n";
+      print_refusal(e);
     }
   }
   std::cout << loaded << " loaded, " << failed << " failed, " << skipped << " for other archs (not loadable on sm_"

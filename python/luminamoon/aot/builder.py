@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import compat
-from .manifest import (FORMAT, FORMAT_VERSION, KERNEL_NAMES, MANIFEST_NAME, atomic_write,
-                       write_manifest)
+from .manifest import (FORMAT, FORMAT_VERSION, KERNEL_NAMES, MANIFEST_NAME, BundleError,
+                       atomic_write, check_cubin, derive_key, write_manifest)
 
 DEFAULT_ARCHS = (80, 90)
 
@@ -200,6 +200,14 @@ def compile_variant(plan: CompilePlan, variant: Any, arch: int,
     if entry["num_warps"] != int(variant.num_warps):
         raise BuildError(f"{key} for sm_{arch}: asked for num_warps={variant.num_warps} but "
                          f"Triton compiled {entry['num_warps']}")
+    # The loaders' own cubin checks (docs/bundle-format.md, rules C2-C6): a toolchain whose
+    # output they would refuse is reported here, when the bundle is built, not at its first load.
+    try:
+        check_cubin(".", entry, 0, data=cubin)
+    except BundleError as exc:
+        raise BuildError(f"{key} for sm_{arch}: the compiled cubin breaks the bundle rule book "
+                         f"[{exc.code}]: {exc.expected} expected, {exc.found} found; this "
+                         f"Triton ({version}) writes cubins the loaders do not accept") from None
     return entry, cubin
 
 
@@ -360,8 +368,13 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
                              f"launches ({', '.join(KERNEL_NAMES)})")
         if v.kernel not in plans:
             plans[v.kernel] = plan_kernel(specs[v.kernel])
-        _variant_constexprs(plans[v.kernel], v)
+        constexprs = _variant_constexprs(plans[v.kernel], v)
         k = v.key()
+        derived = derive_key(v.kernel, constexprs, int(v.num_warps))
+        if k != derived:
+            raise BuildError(f"variant key {k!r} is not the one its kernel, constexprs and "
+                             f"num_warps give ({derived!r}, docs/internals.md \"Variant keys\"): "
+                             "loaders derive the key and would refuse the bundle")
         if k in keys:
             raise BuildError(f"two variants share the key {k!r}: {keys[k]!r} and {v!r}")
         keys[k] = v

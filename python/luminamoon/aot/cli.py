@@ -139,7 +139,7 @@ def _verify(argv: Sequence[str]) -> int:
     args = ap.parse_args(argv)
     manifest, problems = verify_bundle(args.dir)
     for p in problems:
-        print(f"FAIL [{p.code}] {p}", file=sys.stderr)
+        print(f"FAIL {p}", file=sys.stderr)  # the message ends with [code]
     if problems:
         print(f"{args.dir}: {len(problems)} problem(s); the runtime would refuse this bundle",
               file=sys.stderr)

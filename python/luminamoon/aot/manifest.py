@@ -1,9 +1,11 @@
-"""The bundle manifest (format_version 2): schema, writer, loader and verifier.
+"""The bundle manifest (format_version 2): the rule book's schema, writer, loader and verifier.
 
 A bundle is a folder: ``manifest.json`` plus one ``.cubin`` per compiled kernel variant and
-arch. The C++ runtime (``luminav::AotManifest``) and this module read the same file and refuse
-the same things, each with a :class:`BundleError` that names the file, the field, what was
-expected and what was found. See docs/bundle-format.md.
+arch. The C++ runtime (``luminav::AotManifest``) and this module read the same files by the
+same rules, in the same order (docs/bundle-format.md, "The rule book"), and refuse a bad bundle
+with the same reason code: a :class:`BundleError` that names the file, the field, what was
+expected and what was found. Reading never blocks and never reads without bound (:mod:`.files`);
+no input makes it raise anything but :class:`BundleError`.
 """
 from __future__ import annotations
 
@@ -15,7 +17,14 @@ import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from . import compat
-from .cubin import CubinError, has_symbol, parse_cubin
+from .cubin import CubinError, parse_cubin
+from .files import read_bundle_file
+from .rules import (CODES, CUBIN_MAX_BYTES, JSON_MAX_DEPTH, MANIFEST_MAX_BYTES, NAME_MAX_BYTES,
+                    RULES, BundleError)
+
+__all__ = ["BundleError", "CODES", "RULES", "FORMAT", "FORMAT_VERSION", "check_cubin",
+           "derive_key", "find_kernel", "load_bundle", "parse_manifest_bytes", "read_manifest",
+           "runs_on", "validate_manifest", "verify_bundle", "write_manifest"]
 
 FORMAT = "luminamoon-aot-bundle"
 FORMAT_VERSION = 2  # the newest format_version this reader understands
@@ -25,27 +34,138 @@ V1_TABLE_COLS = 12
 MANIFEST_NAME = "manifest.json"
 KERNEL_NAMES = ("pass1", "reduce", "pass2", "single_pass", "commit")
 MAX_TRAILING_SCRATCH_PTRS = 2
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_SCRATCH_BYTES = 1 << 40
+MAX_SCRATCH_ALIGN = 1 << 20
+MAX_SHARED_MEM = (1 << 31) - 1
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# The variant key (docs/internals.md, "Variant keys"): the kernel, the dtype codes present
+# joined (p, g, s), then these constexprs in this order, then w<num_warps>. Mirrors
+# kernels.catalog.Variant.key() (tests/test_bundle_rules.py checks every shipped variant).
+KEY_DTYPE_LETTERS = (("P_DTYPE", "p"), ("G_DTYPE", "g"), ("S_DTYPE", "s"))
+KEY_LETTERS = (("SR", "sr"), ("BOUND_MODE", "b"), ("USE_CLIP", "c"), ("CHECK_FLAG", "f"),
+               ("NEED_SUM", "n"), ("BLOCK", "B"), ("RBLOCK", "R"), ("TBLOCK", "T"))
+KEY_CONSTEXPRS = tuple(n for n, _ in KEY_DTYPE_LETTERS + KEY_LETTERS)
+
+# The manifest's type words (docs/bundle-format.md): what the runtime passes by value.
+TYPE_WORDS = compat.SCALAR_TYPE_WORDS
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_IDENTIFIER = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+_VERSION_FORM = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})(?:[.+-][0-9A-Za-z.+_-]*)?")
+_VERSION_MAX = 64
+_FIX_REBUILD = "rebuild the bundle (luminamoon aot build)"
 
 
-class BundleError(ValueError):
-    """A bundle the loader refuses.
+def derive_key(kernel: str, constexprs: Mapping[str, int], num_warps: int) -> str:
+    """The variant key of ``kernel`` with these constexprs and warps (only the names of
+    :data:`KEY_CONSTEXPRS` appear), e.g. ``pass2.p1g1s0.sr1.b2.c1.f1.B1024.w4``."""
+    parts = [kernel]
+    dtypes = "".join(f"{letter}{constexprs[name]}" for name, letter in KEY_DTYPE_LETTERS
+                     if name in constexprs)
+    if dtypes:
+        parts.append(dtypes)
+    parts += [f"{letter}{constexprs[name]}" for name, letter in KEY_LETTERS if name in constexprs]
+    parts.append(f"w{num_warps}")
+    return ".".join(parts)
 
-    ``code`` says which rule was broken (``bad_json``, ``missing_file``, ``missing_field``,
-    ``bad_type``, ``bad_value``, ``format``, ``format_version``, ``num_params``,
-    ``duplicate``, ``truncated``, ``sha256``, ``abi``, ``arch``, ``not_found``); ``path`` the
-    file, ``field`` the field (``kernels[3].sha256``), ``expected`` / ``found`` the values.
-    """
 
-    def __init__(self, code: str, path: str, field: str, expected: Any, found: Any,
-                 fix: str = "") -> None:
-        self.code, self.path, self.field = code, str(path), field
-        self.expected, self.found, self.fix = expected, found, fix
-        msg = f"{self.path}: {field}: expected {expected}, found {found}"
-        if fix:
-            msg += f"; {fix}"
-        super().__init__(msg)
+def expected_cubin_name(key: str, arch: int) -> str:
+    return f"{key}.sm{arch}.cubin"
+
+
+def is_manifest_type_word(word: Any) -> bool:
+    """A type word the runtime passes by value: a scalar word, ``*<word>`` or ``*k<word>``."""
+    if not isinstance(word, str):
+        return False
+    if word.startswith("*k"):
+        return word[2:] in TYPE_WORDS
+    if word.startswith("*"):
+        return word[1:] in TYPE_WORDS
+    return word in TYPE_WORDS
+
+
+def manifest_param_bytes(word: str) -> int:
+    return compat.POINTER_BYTES if word.startswith("*") else compat.param_bytes(word)
+
+
+# --------------------------------------------------------------------------------------------
+# The JSON profile (rule J)
+# --------------------------------------------------------------------------------------------
+class _JsonRefusal(Exception):
+    pass
+
+
+def _json_int(text: str) -> int:
+    if len(text) > 20:
+        raise _JsonRefusal(f"the number {text[:24]}... is outside the int64 range")
+    v = int(text)
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise _JsonRefusal(f"the number {text} is outside the int64 range")
+    return v
+
+
+def _json_float(text: str) -> float:
+    raise _JsonRefusal(f"the number {text[:24]} is not an integer (the manifest holds integers "
+                       "only)")
+
+
+def _json_constant(text: str) -> float:
+    raise _JsonRefusal(f"{text} is not JSON")
+
+
+def _json_object(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _JsonRefusal(f"the key {json.dumps(k)} twice in one object")
+        out[k] = v
+    return out
+
+
+def _check_tree(doc: Any) -> None:
+    """Depth (rule J4) and lone surrogates (J2) over the parsed tree, without recursion."""
+    stack = [(doc, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > JSON_MAX_DEPTH:
+                raise _JsonRefusal(f"nesting deeper than {JSON_MAX_DEPTH}")
+            items = v.items() if isinstance(v, dict) else ((None, x) for x in v)
+            for k, x in items:
+                if k is not None:
+                    k.encode("utf-8")
+                stack.append((x, depth + 1))
+        elif isinstance(v, str):
+            v.encode("utf-8")
+
+
+def parse_manifest_bytes(raw: bytes, path: str = MANIFEST_NAME) -> Any:
+    """The manifest's JSON, read by the rule book's profile (rules J1-J5), or
+    ``BundleError(bad_json)``."""
+    def refuse(why: str) -> BundleError:
+        return BundleError("bad_json", path, "(file)", "valid UTF-8 JSON of the manifest profile",
+                           why, _FIX_REBUILD)
+
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise refuse("a UTF-8 byte-order mark")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise refuse(f"invalid UTF-8 at byte {exc.start}") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int,
+                         parse_float=_json_float, parse_constant=_json_constant)
+        _check_tree(doc)
+    except _JsonRefusal as exc:
+        raise refuse(str(exc)) from None
+    except RecursionError:
+        raise refuse(f"nesting deeper than {JSON_MAX_DEPTH}") from None
+    except UnicodeEncodeError:
+        raise refuse("a lone surrogate (\\ud800-\\udfff) in a string") from None
+    except json.JSONDecodeError as exc:
+        raise refuse(f"unparsable text ({exc})") from None
+    return doc
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,25 +180,21 @@ def _is_str(v: Any) -> bool:
 
 
 def _is_str_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    return isinstance(v, list)  # elements are checked one by one (rule K1)
 
 
-def _is_constexpr_map(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, int)
-                                       for k, x in v.items())
-
-
-def _is_target(v: Any) -> bool:
+def _is_object(v: Any) -> bool:
     return isinstance(v, dict)
 
 
-# field -> (check, what the check wants, in words)
+# field -> (check, what the check wants, in words), in the rule book's order
 TOP_FIELDS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "format": (_is_str, "a string"),
     "format_version": (_is_int, "an integer"),
+    "table_cols": (_is_int, "an integer"),
     "created_by": (_is_str, "a string"),
     "triton_version": (_is_str, "a string"),
-    "kernels": (lambda v: isinstance(v, list), "a list"),
+    "kernels": (lambda v: isinstance(v, list), "an array"),
 }
 KERNEL_FIELDS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "key": (_is_str, "a string"),
@@ -87,15 +203,15 @@ KERNEL_FIELDS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "entry": (_is_str, "a string"),
     "cubin": (_is_str, "a string"),
     "sha256": (_is_str, "a string"),
-    "target": (_is_target, "an object"),
+    "target": (_is_object, "an object"),
     "triton_version": (_is_str, "a string"),
     "num_warps": (_is_int, "an integer"),
     "num_ctas": (_is_int, "an integer"),
     "num_stages": (_is_int, "an integer"),
     "shared_mem": (_is_int, "an integer"),
-    "arg_names": (_is_str_list, "a list of strings"),
-    "signature": (_is_str_list, "a list of strings"),
-    "constexprs": (_is_constexpr_map, "an object of integers"),
+    "arg_names": (_is_str_list, "an array of strings"),
+    "signature": (_is_str_list, "an array of strings"),
+    "constexprs": (_is_object, "an object of integers"),
     "num_params": (_is_int, "an integer"),
     "num_trailing_scratch_ptrs": (_is_int, "an integer"),
     "global_scratch_size": (_is_int, "an integer"),
@@ -110,76 +226,70 @@ TARGET_FIELDS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def is_manifest_type_word(word: str) -> bool:
-    """A type word the runtime passes by value: a scalar word, ``*<word>`` or ``*k<word>``."""
-    if isinstance(word, str) and word.startswith("*k"):
-        return compat.is_type_word("*" + word[2:])
-    return compat.is_type_word(word)
-
-
-def manifest_param_bytes(word: str) -> int:
-    return compat.POINTER_BYTES if word.startswith("*") else compat.param_bytes(word)
-
-
-def _check_fields(obj: Mapping[str, Any], fields: Mapping[str, Tuple[Callable, str]],
-                  path: str, prefix: str) -> None:
-    for name, (check, want) in fields.items():
-        where = f"{prefix}{name}"
-        if name not in obj:
-            raise BundleError("missing_field", path, where, f"{want} (required)", "nothing",
-                              "rebuild the bundle with `luminamoon aot build`")
-        if not check(obj[name]):
-            raise BundleError("bad_type", path, where, want, _show(obj[name]))
-
-
 def _show(v: Any) -> str:
-    text = json.dumps(v) if not isinstance(v, bytes) else repr(v)
+    text = json.dumps(v)  # ASCII: a surrogate or control character is escaped
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def validate_manifest(manifest: Any, path: str = MANIFEST_NAME) -> None:
-    """Refuses (raises :class:`BundleError`) a manifest that breaks the schema.
+def _field(obj: Mapping[str, Any], name: str, check: Callable[[Any], bool], want: str,
+           path: str, where: str) -> Any:
+    if name not in obj:
+        raise BundleError("missing_field", path, where, f"{want} (required)", "nothing",
+                          _FIX_REBUILD)
+    v = obj[name]
+    if not check(v):
+        raise BundleError("bad_type", path, where, want, _show(v))
+    return v
 
-    Checks everything that needs no cubin: format and version, every field and its type,
-    the values (type words, sizes, alignments, parameter counts), and that no (key, arch)
-    appears twice.
+
+def _is_version(v: str) -> bool:
+    return len(v) <= _VERSION_MAX and _VERSION_FORM.fullmatch(v) is not None
+
+
+def validate_manifest(manifest: Any, path: str = MANIFEST_NAME) -> None:
+    """Refuses (raises :class:`BundleError`) a manifest that breaks rules T1-T8 and K0-K3.
+
+    Checks everything that needs no cubin, in the rule book's order: format and version, every
+    field and its type, the values (ranges, type words, names, parameter and scratch counts,
+    the derived key), and that no (key, arch) appears twice.
     """
     if not isinstance(manifest, dict):
         raise BundleError("bad_type", path, "(top level)", "a JSON object", _show(manifest))
-    if "format" not in manifest:
-        raise BundleError("format", path, "format", repr(FORMAT), "nothing",
+    fmt = manifest.get("format")
+    if fmt != FORMAT or not isinstance(fmt, str):
+        raise BundleError("format", path, "format", repr(FORMAT),
+                          _show(fmt) if "format" in manifest else "nothing",
                           "this is not a LuminaMoon kernel bundle")
-    if manifest["format"] != FORMAT:
-        raise BundleError("format", path, "format", repr(FORMAT), _show(manifest["format"]),
-                          "this is not a LuminaMoon kernel bundle")
-    version = manifest.get("format_version")
-    if version is None:
+    if "format_version" not in manifest:
         raise BundleError("format_version", path, "format_version",
-                          f"an integer <= {FORMAT_VERSION}", "nothing")
+                          f"an integer in 1..{FORMAT_VERSION}", "nothing")
+    version = manifest["format_version"]
     if not _is_int(version):
         raise BundleError("bad_type", path, "format_version", "an integer", _show(version))
-    if version > FORMAT_VERSION or version < 1:
+    if not 1 <= version <= FORMAT_VERSION:
         raise BundleError("format_version", path, "format_version",
-                          f"1..{FORMAT_VERSION}", version,
+                          f"an integer in 1..{FORMAT_VERSION}", version,
                           "the bundle was written by a newer LuminaMoon; upgrade luminamoon "
                           "or rebuild the bundle with this one" if version > FORMAT_VERSION
-                          else "")
-    _check_fields(manifest, TOP_FIELDS, path, "")
-    if version >= 2:
-        if "table_cols" not in manifest:
-            raise BundleError("missing_field", path, "table_cols", "an integer (required)",
-                              "nothing", "rebuild the bundle with `luminamoon aot build`")
-        if not _is_int(manifest["table_cols"]) or not 1 <= manifest["table_cols"] <= 4096:
-            raise BundleError("bad_value", path, "table_cols", "an integer in 1..4096",
-                              _show(manifest["table_cols"]))
+                          else _FIX_REBUILD)
+    for name, (check, want) in TOP_FIELDS.items():
+        if name in ("format", "format_version") or (name == "table_cols" and version < 2):
+            continue
+        v = _field(manifest, name, check, want, path, name)
+        if name == "table_cols" and not 1 <= v <= 4096:
+            raise BundleError("bad_value", path, name, "an integer in 1..4096", v)
+        if name == "triton_version" and not _is_version(v):
+            raise BundleError("bad_value", path, name, "a version such as \"3.6.0\"", _show(v))
+        if name == "kernels" and not v:
+            raise BundleError("bad_value", path, name, "at least one kernel variant",
+                              "an empty array", _FIX_REBUILD)
     seen: Dict[Tuple[str, int], int] = {}
     for i, entry in enumerate(manifest["kernels"]):
         validate_kernel_entry(entry, path, i)
         k = (entry["key"], entry["target"]["arch"])
         if k in seen:
-            raise BundleError("duplicate", path, f"kernels[{i}]",
-                              "one entry per (key, arch)",
-                              f"({k[0]!r}, {k[1]}) again (first at kernels[{seen[k]}])")
+            raise BundleError("duplicate", path, f"kernels[{i}]", "one entry per (key, arch)",
+                              f"({_show(k[0])}, {k[1]}) again (first at kernels[{seen[k]}])")
         seen[k] = i
 
 
@@ -190,64 +300,104 @@ def table_cols(manifest: Mapping[str, Any]) -> int:
 
 
 def validate_kernel_entry(entry: Any, path: str, i: int) -> None:
+    """Rules K0-K2 for ``kernels[i]``."""
     p = f"kernels[{i}]."
     if not isinstance(entry, dict):
         raise BundleError("bad_type", path, f"kernels[{i}]", "an object", _show(entry))
-    _check_fields(entry, KERNEL_FIELDS, path, p)
-    _check_fields(entry["target"], TARGET_FIELDS, path, p + "target.")
+    # K1: every field present with its type, in order
+    for name, (check, want) in KERNEL_FIELDS.items():
+        v = _field(entry, name, check, want, path, p + name)
+        if name == "target":
+            for tname, (tcheck, twant) in TARGET_FIELDS.items():
+                _field(v, tname, tcheck, twant, path, f"{p}target.{tname}")
+        elif name in ("arg_names", "signature"):
+            for j, x in enumerate(v):
+                if not isinstance(x, str):
+                    raise BundleError("bad_type", path, f"{p}{name}[{j}]", "a string", _show(x))
+        elif name == "constexprs":
+            for c in sorted(v):
+                if not _is_int(v[c]):
+                    raise BundleError("bad_type", path, f"{p}constexprs.{c}", "an integer",
+                                      _show(v[c]))
 
-    def bad(field: str, expected: Any, fix: str = "", code: str = "bad_value") -> BundleError:
-        return BundleError(code, path, p + field, expected, _show(entry[field]) if field in entry
-                           else _show(_dig(entry, field)), fix)
+    def bad(name: str, expected: Any, code: str = "bad_value", fix: str = "") -> BundleError:
+        return BundleError(code, path, p + name, expected, _show(_dig(entry, name)), fix)
 
+    def in_range(name: str, lo: int, hi: int, pow2: bool = False) -> int:
+        v = _dig(entry, name)
+        if not lo <= v <= hi or (pow2 and v & (v - 1)):
+            raise bad(name, f"{'a power of two' if pow2 else 'an integer'} in {lo}..{hi}")
+        return v
+
+    # K2: values, in order
     if entry["kernel"] not in KERNEL_NAMES:
         raise bad("kernel", f"one of {', '.join(KERNEL_NAMES)}")
-    if not _HEX64.match(entry["sha256"]):
+    if not entry["name"]:
+        raise bad("name", "a non-empty string")
+    if len(entry["entry"]) > NAME_MAX_BYTES or not _IDENTIFIER.fullmatch(entry["entry"]):
+        raise bad("entry", "a symbol name ([A-Za-z_$][A-Za-z0-9_$]*, at most 255 bytes)")
+    if not _HEX64.fullmatch(entry["sha256"]):
         raise bad("sha256", "64 lowercase hex digits")
     cub = entry["cubin"]
-    if not cub or cub != os.path.basename(cub) or cub in (".", "..") or "\\" in cub:
-        raise bad("cubin", "a file name inside the bundle folder (no directories)")
+    if len(cub) > NAME_MAX_BYTES or not _FILE_NAME.fullmatch(cub):
+        raise bad("cubin", "a file name inside the bundle folder (no directories; letters, "
+                  "digits, '.', '_', '-'; at most 255 bytes)")
     tgt = entry["target"]
     if tgt["backend"] != "cuda":
-        raise BundleError("bad_value", path, p + "target.backend", '"cuda"', _show(tgt["backend"]))
-    if tgt["arch"] < 10:
-        raise BundleError("bad_value", path, p + "target.arch",
-                          "a compute capability as major*10+minor (e.g. 90)", tgt["arch"])
+        raise bad("target.backend", '"cuda"')
+    in_range("target.arch", 10, 999)
     if tgt["warp_size"] != 32:
-        raise BundleError("bad_value", path, p + "target.warp_size", 32, tgt["warp_size"])
-    for field in ("num_warps", "num_ctas"):
-        if entry[field] < 1:
-            raise bad(field, "an integer >= 1")
-    for field in ("num_stages", "shared_mem", "global_scratch_size", "profile_scratch_size"):
-        if entry[field] < 0:
-            raise bad(field, "an integer >= 0")
-    for field in ("global_scratch_align", "profile_scratch_align"):
-        v = entry[field]
-        if v < 1 or v & (v - 1):
-            raise bad(field, "a power of two >= 1")
+        raise bad("target.warp_size", "32")
+    if not _is_version(entry["triton_version"]):
+        raise bad("triton_version", 'a version such as "3.6.0"')
+    in_range("num_warps", 1, 32, pow2=True)
+    in_range("num_ctas", 1, 16)
+    in_range("num_stages", 0, 64)
+    in_range("shared_mem", 0, MAX_SHARED_MEM)
     sig, names = entry["signature"], entry["arg_names"]
     for j, word in enumerate(sig):
         if not is_manifest_type_word(word):
-            raise BundleError("bad_value", path, f"{p}signature[{j}]",
-                              "a Triton type word (i32, i64, u32, u64, fp16, bf16, fp32, fp64, "
-                              "i1, or a pointer *<word>)", _show(word))
+            raise BundleError("bad_value", path, f"{p}signature[{j}]", "a Triton type word (i1, "
+                              "i32, i64, u32, u64, fp16, bf16, fp32, fp64, or a pointer *<word> "
+                              "or *k<word>)", _show(word))
     if len(names) != len(sig):
         raise BundleError("num_params", path, p + "arg_names",
                           f"one name per signature entry ({len(sig)})", f"{len(names)} names")
-    trailing = entry["num_trailing_scratch_ptrs"]
-    if not 0 <= trailing <= MAX_TRAILING_SCRATCH_PTRS:
-        raise bad("num_trailing_scratch_ptrs", f"0..{MAX_TRAILING_SCRATCH_PTRS}")
+    for c in sorted(entry["constexprs"]):
+        if c not in KEY_CONSTEXPRS:
+            raise BundleError("bad_value", path, f"{p}constexprs.{c}",
+                              f"a constexpr the variant key encodes ({', '.join(KEY_CONSTEXPRS)})",
+                              _show(c))
+    trailing = in_range("num_trailing_scratch_ptrs", 0, MAX_TRAILING_SCRATCH_PTRS)
     if entry["num_params"] != len(sig) + trailing:
         raise BundleError("num_params", path, p + "num_params",
                           f"len(signature) + num_trailing_scratch_ptrs = {len(sig)} + {trailing} "
                           f"= {len(sig) + trailing}", entry["num_params"],
                           "the manifest disagrees with itself; rebuild the bundle")
+    in_range("global_scratch_size", 0, MAX_SCRATCH_BYTES)
+    in_range("global_scratch_align", 1, MAX_SCRATCH_ALIGN, pow2=True)
+    in_range("profile_scratch_size", 0, MAX_SCRATCH_BYTES)
+    in_range("profile_scratch_align", 1, MAX_SCRATCH_ALIGN, pow2=True)
     if entry["global_scratch_size"] > 0 and trailing < 1:
         raise bad("global_scratch_size", "0 (the kernel has no global scratch parameter)",
-                  code="abi")
+                  code="scratch")
     if entry["profile_scratch_size"] > 0 and trailing < 2:
         raise bad("profile_scratch_size", "0 (the kernel has no profile scratch parameter)",
-                  code="abi")
+                  code="scratch")
+    expected = compat.expected_trailing_scratch_ptrs(entry["triton_version"])
+    if expected is not None and expected != trailing:
+        raise bad("num_trailing_scratch_ptrs",
+                  f"{expected} (what Triton {entry['triton_version']} appends)", code="scratch",
+                  fix=_FIX_REBUILD)
+    key = derive_key(entry["kernel"], entry["constexprs"], entry["num_warps"])
+    if entry["key"] != key:
+        raise bad("key", f"{json.dumps(key)} (derived from kernel, constexprs and num_warps)",
+                  code="key_mismatch", fix="the key does not name this variant; rebuild the "
+                  "bundle")
+    want_cubin = expected_cubin_name(key, tgt["arch"])
+    if cub != want_cubin:
+        raise bad("cubin", json.dumps(want_cubin), code="key_mismatch",
+                  fix="the cubin file is not this variant's; rebuild the bundle")
 
 
 def _dig(entry: Mapping[str, Any], dotted: str) -> Any:
@@ -265,76 +415,134 @@ def manifest_path(bundle_dir: "os.PathLike[str] | str") -> str:
 
 
 def read_manifest(bundle_dir: "os.PathLike[str] | str") -> Dict[str, Any]:
-    """``manifest.json`` of a bundle, parsed and checked against the schema (no cubin read)."""
-    path = manifest_path(bundle_dir)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise BundleError("missing_file", path, "(file)", "a bundle manifest", "no such file",
-                          "build one with `luminamoon aot build --out "
-                          f"{os.fspath(bundle_dir)}`") from None
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError("bad_json", path, "(file)", "valid UTF-8 JSON",
-                          f"unparsable text ({exc})") from None
+    """``manifest.json`` of a bundle, read (rules F), parsed (J) and checked against the schema
+    (T, K); no cubin is read."""
+    path, raw = read_bundle_file(bundle_dir, MANIFEST_NAME, MANIFEST_MAX_BYTES, "(file)")
+    manifest = parse_manifest_bytes(raw, path)
     validate_manifest(manifest, path)
     return manifest
 
 
 def check_cubin(bundle_dir: "os.PathLike[str] | str", entry: Mapping[str, Any], i: int,
                 data: Optional[bytes] = None) -> bytes:
-    """Refuses a cubin that is missing, truncated, not the one hashed, or off the manifest's ABI.
-
-    Returns the cubin's bytes.
-    """
-    cpath = os.path.join(os.fspath(bundle_dir), entry["cubin"])
+    """Rules C1-C6 for the cubin of ``kernels[i]`` (an entry :func:`validate_manifest`
+    accepted): the file (F), its ELF structure (E1-E29), its hash, entry symbol, arch,
+    parameters and block size. Returns the cubin's bytes."""
     p = f"kernels[{i}]"
     if data is None:
-        try:
-            with open(cpath, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise BundleError("missing_file", cpath, f"{p}.cubin", "the cubin file",
-                              "no such file", "rebuild the bundle") from None
+        cpath, data = read_bundle_file(bundle_dir, entry["cubin"], CUBIN_MAX_BYTES, f"{p}.cubin")
+    else:
+        cpath = os.path.join(os.fspath(bundle_dir), entry["cubin"])
     if not data:
-        raise BundleError("truncated", cpath, f"{p}.cubin", "a cubin", "an empty file")
+        raise BundleError("truncated", cpath, f"{p}.cubin", "a cubin", "an empty file",
+                          _FIX_REBUILD)
     try:
         info = parse_cubin(data)
     except CubinError as exc:
-        code = "truncated" if "truncated" in str(exc) else "bad_value"
-        raise BundleError(code, cpath, f"{p}.cubin", "a whole CUDA ELF cubin", str(exc),
-                          "rebuild the bundle") from None
+        raise BundleError(exc.code, cpath, f"{p}.cubin", "a whole, well-formed CUDA ELF cubin",
+                          str(exc), _FIX_REBUILD) from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry["sha256"]:
         raise BundleError("sha256", cpath, f"{p}.sha256", entry["sha256"], digest,
                           "the cubin was changed or replaced; rebuild the bundle")
-    entry_name = entry["entry"]
-    if not has_symbol(data, entry_name):
-        raise BundleError("abi", cpath, f"{p}.entry", f"symbol {entry_name!r} in the cubin",
-                          "no such symbol")
+    name = entry["entry"]
+    syms = info.entry_symbols(name)
+    if len(syms) != 1:
+        raise BundleError("no_entry_symbol", cpath, f"{p}.entry",
+                          f"one global function symbol {name!r} in the cubin",
+                          f"{len(syms)} such symbols", _FIX_REBUILD)
     arch = entry["target"]["arch"]
-    if info.arch is not None and info.arch != arch:
+    if info.arch != arch:
         raise BundleError("arch", cpath, f"{p}.target.arch", f"sm_{info.arch} (the cubin's)",
-                          f"sm_{arch}")
-    params = info.params.get(entry_name)
-    if params is not None:
-        if len(params) != entry["num_params"]:
-            raise BundleError("num_params", cpath, f"{p}.num_params",
-                              f"{len(params)} (the cubin's own parameter count for "
-                              f"{entry_name})", entry["num_params"])
-        want = [manifest_param_bytes(w) for w in entry["signature"]]
-        want += [compat.POINTER_BYTES] * entry["num_trailing_scratch_ptrs"]
-        got = [q.size for q in params]
-        if got != want:
-            raise BundleError("abi", cpath, f"{p}.signature",
-                              f"parameter sizes {got} (the cubin's)", f"{want} from the manifest")
+                          f"sm_{arch}", _FIX_REBUILD)
+    _check_params(info, syms[0], entry, cpath, p)
     return data
 
 
+def expected_param_layout(entry: Mapping[str, Any]) -> List[Tuple[int, int]]:
+    """(offset, size) of each kernel parameter as the CUDA ABI lays them out: the signature's,
+    then one 8-byte pointer per trailing scratch parameter, each aligned to its size."""
+    sizes = [manifest_param_bytes(w) for w in entry["signature"]]
+    sizes += [compat.POINTER_BYTES] * entry["num_trailing_scratch_ptrs"]
+    out, off = [], 0
+    for s in sizes:
+        off = (off + s - 1) // s * s
+        out.append((off, s))
+        off += s
+    return out
+
+
+def _check_params(info: Any, sym: Any, entry: Mapping[str, Any], cpath: str, p: str) -> None:
+    infos = info.function_info.get(sym.shndx, ())
+    if len(infos) != 1:
+        raise BundleError("param_mismatch", cpath, f"{p}.num_params",
+                          f"one .nv.info section for {entry['entry']}", f"{len(infos)}",
+                          _FIX_REBUILD)
+    fi = infos[0]
+    want = _check_param_records(fi, entry, cpath, p, "")
+    end = want[-1][0] + want[-1][1] if want else 0
+    if fi.cbank_param_size is not None and fi.cbank_param_size != end:
+        raise BundleError("param_mismatch", cpath, f"{p}.signature",
+                          f"{end} bytes of parameters", f"{fi.cbank_param_size} in the cubin",
+                          _FIX_REBUILD)
+    if fi.param_cbank is not None:
+        psym, poff, psize = fi.param_cbank
+        s = info.symbols[psym]
+        bank = info.sections[s.shndx] if 0 < s.shndx < len(info.sections) else None
+        if psize != end or bank is None or poff + psize > bank.size:
+            raise BundleError("param_mismatch", cpath, f"{p}.signature",
+                              f"a parameter bank of {end} bytes inside its section",
+                              f"{psize} bytes at {poff} of "
+                              f"{bank.size if bank else 'no'} section bytes", _FIX_REBUILD)
+    _check_block(fi, entry, cpath, p, "")
+    # The Mercury copy of the kernel (sm_100 and later), which the driver may finalize instead
+    # of the SASS: its own .nv.merc.nv.info must describe the same parameters and block.
+    for msym in info.merc_entry_symbols(entry["entry"]):
+        minfos = info.merc_function_info.get(msym.shndx, ())
+        if len(minfos) != 1:
+            raise BundleError("param_mismatch", cpath, f"{p}.num_params",
+                              f"one .nv.merc.nv.info section for {entry['entry']}'s Mercury code",
+                              f"{len(minfos)}", _FIX_REBUILD)
+        _check_param_records(minfos[0], entry, cpath, p, " (its Mercury copy)")
+        _check_block(minfos[0], entry, cpath, p, " (its Mercury copy)")
+
+
+def _check_param_records(fi: Any, entry: Mapping[str, Any], cpath: str, p: str,
+                         where: str) -> List[Tuple[int, int]]:
+    params = sorted(fi.params, key=lambda q: q.ordinal)
+    want = expected_param_layout(entry)
+    if len(params) != len(want):
+        raise BundleError("param_mismatch", cpath, f"{p}.num_params",
+                          f"{len(params)} (the cubin's own parameter count for "
+                          f"{entry['entry']}{where})", entry["num_params"], _FIX_REBUILD)
+    if [q.ordinal for q in params] != list(range(len(params))):
+        raise BundleError("param_mismatch", cpath, f"{p}.num_params",
+                          f"parameter ordinals 0..{len(params) - 1} once each{where}",
+                          [q.ordinal for q in params], _FIX_REBUILD)
+    got = [(q.offset, q.size) for q in params]
+    if got != want:
+        raise BundleError("param_mismatch", cpath, f"{p}.signature",
+                          f"parameters (offset, size) {got} (the cubin's{where})",
+                          f"{want} from the manifest", _FIX_REBUILD)
+    return want
+
+
+def _check_block(fi: Any, entry: Mapping[str, Any], cpath: str, p: str, where: str) -> None:
+    threads = entry["num_warps"] * entry["target"]["warp_size"]
+    for what, dims in (("required", fi.reqntid), ("maximum", fi.max_threads)):
+        if dims is None:
+            continue
+        block = dims[0] * dims[1] * dims[2]
+        if block != threads if what == "required" else block < threads:
+            raise BundleError("launch_shape", cpath, f"{p}.num_warps",
+                              f"{'' if what == 'required' else 'at most '}{block} threads "
+                              f"(the cubin's {what} block {dims[0]}x{dims[1]}x{dims[2]}{where})",
+                              f"{threads} (num_warps {entry['num_warps']})", _FIX_REBUILD)
+
+
 def load_bundle(bundle_dir: "os.PathLike[str] | str") -> Dict[str, Any]:
-    """Reads a bundle as the C++ loader does; raises the first :class:`BundleError`."""
+    """Reads a bundle as the C++ loader does with every cubin checked (``CubinCheck::kNow``);
+    raises the first :class:`BundleError`."""
     manifest = read_manifest(bundle_dir)
     for i, entry in enumerate(manifest["kernels"]):
         check_cubin(bundle_dir, entry, i)
@@ -343,24 +551,16 @@ def load_bundle(bundle_dir: "os.PathLike[str] | str") -> Dict[str, Any]:
 
 def verify_bundle(bundle_dir: "os.PathLike[str] | str") -> Tuple[Optional[Dict[str, Any]],
                                                                   List[BundleError]]:
-    """Every problem of a bundle (schema problems stop at the first; cubins are each checked).
+    """Every problem of a bundle: the first of the manifest, else one per refused cubin.
 
-    Also cross-checks each entry's ``num_trailing_scratch_ptrs`` with the Triton version that
-    built it. Returns ``(manifest or None, problems)``.
+    Returns ``(manifest or None, problems)``.
     """
     try:
         manifest = read_manifest(bundle_dir)
     except BundleError as exc:
         return None, [exc]
     problems: List[BundleError] = []
-    path = manifest_path(bundle_dir)
     for i, entry in enumerate(manifest["kernels"]):
-        expected = compat.expected_trailing_scratch_ptrs(entry["triton_version"])
-        if expected is not None and expected != entry["num_trailing_scratch_ptrs"]:
-            problems.append(BundleError(
-                "abi", path, f"kernels[{i}].num_trailing_scratch_ptrs",
-                f"{expected} (Triton {entry['triton_version']})",
-                entry["num_trailing_scratch_ptrs"]))
         try:
             check_cubin(bundle_dir, entry, i)
         except BundleError as exc:

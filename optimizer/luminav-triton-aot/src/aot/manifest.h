@@ -2,8 +2,10 @@
 // checked on first use), found by variant key and device arch
 //
 // A bundle is a folder: manifest.json + one .cubin per compiled kernel variant and arch (the
-// format is described in docs/bundle-format.md; the Python builder luminamoon.aot writes it).
-// The runtime that loads and launches the cubins is aot/runtime.h.
+// format and its rule book are in docs/bundle-format.md; the Python builder luminamoon.aot
+// writes it, and python/luminamoon/aot/manifest.py reads it by the same rules). Every refusal
+// is a BundleError (aot/bundle_rules.h) with the rule book's reason code. The runtime that loads
+// and launches the cubins is aot/runtime.h.
 #pragma once
 
 #include <cstddef>
@@ -29,7 +31,9 @@ std::string sha256_hex(const void* data, std::size_t size);
 // One compiled kernel variant for one arch: an entry of manifest.json, and its cubin (read and
 // verified on first use).
 struct KernelMetadata {
-  std::string key;     // variant key, arch-independent (docs/internals.md)
+  std::size_t index = 0;  // position in the manifest's kernels array
+  std::string key;     // variant key, arch-independent (docs/internals.md), as derived from
+                       // kernel, constexprs and num_warps (derive_variant_key)
   std::string kernel;  // pass1 | reduce | pass2 | single_pass | commit
   std::string name;    // the Triton function's name
   std::string entry;   // the .entry symbol in the cubin
@@ -46,7 +50,7 @@ struct KernelMetadata {
   std::vector<std::string> arg_names;
   std::vector<std::string> signature;
   std::vector<ArgType> arg_types;  // parsed from signature, same order
-  std::map<std::string, std::int64_t> constexprs;  // ints and bools (as 0/1)
+  std::map<std::string, std::int64_t> constexprs;  // integers, each a name the key encodes
   int num_params = 0;  // .param entries of the .entry = signature.size() + trailing
   int num_trailing_scratch_ptrs = 0;
   std::int64_t global_scratch_size = 0;
@@ -57,13 +61,14 @@ struct KernelMetadata {
   std::string cubin_path;         // absolute or as given: bundle dir / cubin
   std::uint64_t cubin_bytes = 0;  // the cubin file's size when the manifest was loaded
 
-  // The cubin's bytes, read and checked on the first call: a whole 64-bit little-endian ELF
-  // image for EM_CUDA (every section, the section and program header tables inside the file)
-  // whose SHA-256 is `sha256`. Later calls return the same bytes without reading the file again.
-  // Thread-safe. Throws Error(kBundleError) naming the manifest, the entry, the cubin file,
-  // expected and found (unreadable, empty, truncated, not ELF, another machine, a hash
-  // mismatch) and the fix; a failed check is not remembered, so a later call reads the file
-  // again. The reference stays valid as long as this metadata (or a copy of it) lives.
+  // The cubin's bytes, read and checked on the first call by the rule book (a regular file
+  // inside the bundle of at most kCubinMaxBytes; a well-formed CUDA ELF image, aot/elf.h;
+  // SHA-256 `sha256`; the entry symbol; the arch in e_flags; the .nv.info parameter list and
+  // block size against signature, trailing scratch pointers and num_warps). Later calls return
+  // the same bytes without reading the file again. Thread-safe. Throws BundleError naming the
+  // manifest, the entry, the cubin file, expected and found, and the fix; a failed check is not
+  // remembered, so a later call reads the file again. The reference stays valid as long as this
+  // metadata (or a copy of it) lives.
   const std::vector<unsigned char>& image() const;
   // True once image() has read and verified the cubin.
   bool image_verified() const noexcept;
@@ -83,6 +88,7 @@ struct KernelMetadata {
 
  private:
   friend class AotManifest;
+  friend void check_cubin_image(const KernelMetadata& m, const std::vector<unsigned char>& image);
   struct Cubin;                  // the lazily read image, shared by copies of this metadata
   std::shared_ptr<Cubin> cubin_state_;
 };
@@ -94,15 +100,24 @@ enum class CubinCheck {
   kNow,         // every cubin at load, as `luminav verify` does
 };
 
-// A bundle's manifest. Loading refuses, with Error(kBundleError) naming file, field, expected
-// and found: a missing/unknown format, a format_version newer than kAotBundleFormatVersion (or
-// missing), a missing or mistyped field, an unknown type word, negative sizes, a bad alignment,
-// num_params != len(signature) + num_trailing_scratch_ptrs, a trailing count outside 0..2, a
-// scratch size without its trailing pointer, a duplicate (key, arch), a cubin file that is
-// missing or empty. A cubin's content (ELF structure, sha256) is checked when it is first read
-// (KernelMetadata::image: by AotRuntime before the kernel's first launch, or by verify_cubins),
-// or at load with CubinCheck::kNow; either way a bad cubin is refused with the same message
-// before it reaches the driver.
+// A bundle's manifest. Loading applies the rule book of docs/bundle-format.md in its order and
+// refuses with a BundleError (reason code, file, field, expected, found): the file (F), its
+// JSON profile (J), the top level (T) and each kernel entry (K), then each cubin file (C1: one
+// stat each). A cubin's content is checked when it is first read (KernelMetadata::image: by
+// AotRuntime before the kernel's first launch, or by verify_cubins), or at load with
+// CubinCheck::kNow; either way a bad cubin is refused with the same code before it reaches the
+// driver.
+// The variant key of `kernel` with these constexprs and warps (docs/internals.md "Variant
+// keys"): the kernel, the dtype codes present (p, g, s) joined, then sr, b, c, f, n, B, R, T for
+// the constexprs present, then w<num_warps>; e.g. "pass2.p1g1s0.sr1.b2.c1.f1.B1024.w4".
+std::string derive_variant_key(const std::string& kernel, const std::map<std::string, std::int64_t>& constexprs,
+                               int num_warps);
+
+// Rules C2-C6 on a cubin's bytes for the entry `m` (a KernelMetadata of a loaded manifest): the
+// ELF structure, SHA-256, entry symbol, arch, parameters and block size. Throws BundleError.
+// KernelMetadata::image runs it on the file; the fuzz target runs it on any bytes.
+void check_cubin_image(const KernelMetadata& m, const std::vector<unsigned char>& image);
+
 class AotManifest {
  public:
   AotManifest() = default;
@@ -110,7 +125,8 @@ class AotManifest {
   // With CubinCheck::kNow every cubin is also read and verified (verify_cubins).
   static AotManifest load(const std::string& dir, CubinCheck cubins = CubinCheck::kOnFirstUse);
   // Parses manifest text; cubin files are found relative to `dir`. `manifest_path` only names
-  // the file in messages.
+  // the file in messages. With CubinCheck::kNow each cubin is read and checked in manifest
+  // order (the first refusal is the one Python's load_bundle reports).
   static AotManifest parse(const std::string& json_text, const std::string& dir, const std::string& manifest_path,
                            CubinCheck cubins = CubinCheck::kOnFirstUse);
 

@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "aot/bundle_rules.h"
 #include "aot/triton_abi.h"
 #include "luminav/error.h"
 
@@ -19,7 +20,13 @@ namespace {
 std::string sm(int arch) { return "sm_" + std::to_string(arch); }
 
 std::string describe_variant(const KernelMetadata& m) {
-  return "\"" + m.cubin_path + "\" (key \"" + m.key + "\", " + sm(m.arch) + ")";
+  return "\"" + printable(m.cubin_path, 4096) + "\" (key \"" + printable(m.key) + "\", " + sm(m.arch) + ")";
+}
+
+// A refusal at load on a device: a BundleError naming the entry's field (kernels[i].<field>).
+[[noreturn]] void refuse(BundleRule rule, const KernelMetadata& m, const std::string& field,
+                         const std::string& expected, const std::string& found, const std::string& message) {
+  throw BundleError(rule, m.cubin_path, "kernels[" + std::to_string(m.index) + "]." + field, expected, found, message);
 }
 
 }  // namespace
@@ -161,7 +168,7 @@ const LoadedKernel& AotRuntime::load_locked(const KernelMetadata& meta, DeviceSt
                           std::to_string(ds.info.cc_major) + "." + std::to_string(ds.info.cc_minor) + ")";
   const std::string what = describe_variant(meta);
   if (!meta.runs_on(ds.info.cc_major, ds.info.cc_minor)) {
-    throw Error(Status::kBundleError,
+    refuse(BundleRule::kDevice, meta, "target.arch", "an arch " + dev + " can run", std::to_string(meta.arch),
                 what + ": field \"target.arch\": expected an arch " + dev + " can run (sm_" +
                     std::to_string(ds.info.cc_major) + "0..sm_" + std::to_string(ds.info.cc_major) +
                     std::to_string(ds.info.cc_minor) + "), found " + std::to_string(meta.arch) +
@@ -169,12 +176,13 @@ const LoadedKernel& AotRuntime::load_locked(const KernelMetadata& meta, DeviceSt
                     "--arch " + std::to_string(ds.info.cc_major) + std::to_string(ds.info.cc_minor));
   }
   if (meta.num_ctas != 1) {
-    throw Error(Status::kBundleError,
+    refuse(BundleRule::kDevice, meta, "num_ctas", "1", std::to_string(meta.num_ctas),
                 what + ": field \"num_ctas\": expected 1 (luminav launches with cuLaunchKernel, without thread "
                        "block clusters), found " + std::to_string(meta.num_ctas) + "; rebuild with num_ctas=1");
   }
   if (meta.shared_mem > ds.info.shared_optin) {
-    throw Error(Status::kBundleError,
+    refuse(BundleRule::kDevice, meta, "shared_mem", "at most " + std::to_string(ds.info.shared_optin),
+                std::to_string(meta.shared_mem),
                 what + ": field \"shared_mem\": expected at most " + std::to_string(ds.info.shared_optin) +
                     " bytes (the most " + dev + " allows per block), found " + std::to_string(meta.shared_mem) +
                     "; rebuild the variant with a smaller block or fewer stages");
@@ -204,7 +212,8 @@ const LoadedKernel& AotRuntime::load_locked(const KernelMetadata& meta, DeviceSt
   loaded->device_cc_minor = ds.info.cc_minor;
   const CUresult fr = api.cuModuleGetFunction(&loaded->function, module, meta.entry.c_str());
   if (fr != CUDA_SUCCESS || loaded->function == nullptr) {
-    throw Error(Status::kBundleError, what + ": field \"entry\": expected a kernel named \"" + meta.entry +
+    refuse(BundleRule::kNoEntrySymbol, meta, "entry", "a kernel named \"" + meta.entry + "\"", "none",
+                                          what + ": field \"entry\": expected a kernel named \"" + meta.entry +
                                           "\" in the cubin, found none (cuModuleGetFunction: " +
                                           describe_cuda_error(api, fr) + "); rebuild the bundle");
   }
@@ -225,7 +234,8 @@ const LoadedKernel& AotRuntime::load_locked(const KernelMetadata& meta, DeviceSt
     if (last == CUDA_ERROR_INVALID_VALUE) {
       loaded->params_checked = static_cast<int>(sizes.size());
       if (static_cast<int>(sizes.size()) != meta.num_params) {
-        throw Error(Status::kBundleError,
+        refuse(BundleRule::kParamMismatch, meta, "num_params", std::to_string(sizes.size()) + " (cuFuncGetParamInfo)",
+                    std::to_string(meta.num_params),
                     what + ": field \"num_params\": the manifest says " + std::to_string(meta.num_params) +
                         " (len(signature) " + std::to_string(meta.signature.size()) + " + num_trailing_scratch_ptrs " +
                         std::to_string(meta.num_trailing_scratch_ptrs) + "), the loaded function \"" + meta.entry +
@@ -239,7 +249,8 @@ const LoadedKernel& AotRuntime::load_locked(const KernelMetadata& meta, DeviceSt
         if (sizes[i] != expected) {
           const std::string name = user ? "\"" + meta.arg_names[i] + "\" (" + meta.signature[i] + ")"
                                         : "trailing scratch pointer " + std::to_string(i - meta.arg_types.size());
-          throw Error(Status::kBundleError,
+          refuse(BundleRule::kParamMismatch, meta, "signature", std::to_string(sizes[i]) + " bytes",
+                      std::to_string(expected) + " bytes",
                       what + ": field \"signature\": parameter " + std::to_string(i) + " " + name + " is " +
                           std::to_string(expected) + " bytes by the manifest but " + std::to_string(sizes[i]) +
                           " bytes in the loaded function (cuFuncGetParamInfo): an ABI mismatch, refused before "
@@ -252,7 +263,8 @@ const LoadedKernel& AotRuntime::load_locked(const KernelMetadata& meta, DeviceSt
   int max_threads = 0;
   if (api.cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn) == CUDA_SUCCESS &&
       max_threads > 0 && meta.block_threads() > max_threads) {
-    throw Error(Status::kBundleError,
+    refuse(BundleRule::kDevice, meta, "num_warps", "at most " + std::to_string(max_threads / meta.warp_size),
+                std::to_string(meta.num_warps),
                 what + ": field \"num_warps\": expected at most " + std::to_string(max_threads / meta.warp_size) +
                     " (the function allows " + std::to_string(max_threads) + " threads per block on " + dev +
                     "), found " + std::to_string(meta.num_warps));
