@@ -63,9 +63,10 @@ def _parallelize(model, mesh, args):
         from torch.distributed._composable.fsdp import fully_shard
 
     version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if version < (2, 6) and mesh.device_type == "cpu":
-        raise SystemExit(f"FSDP2 of torch {torch.__version__} creates CUDA streams at its first "
-                         f"forward: on CPU this example needs torch >= 2.6 (or run it on GPUs)")
+    if version < (2, 7) and mesh.device_type == "cpu":
+        raise SystemExit(f"FSDP2 of torch {torch.__version__} cannot take a step on CPU (CUDA "
+                         f"streams in 2.4/2.5, a CPU stream without record_event in 2.6): on "
+                         f"CPU this example needs torch >= 2.7 (or run it on GPUs)")
     tp, dp = mesh["tp"], mesh["dp"]
     for block in model.blocks:
         parallelize_module(block, tp, {"fc": ColwiseParallel(), "out": RowwiseParallel()})

@@ -193,16 +193,18 @@ def spawn_ranks(fn, world: int, tmp_dir: str, *args, backend: str = "gloo") -> N
 
 def require_fsdp2_here() -> None:
     """Skips unless FSDP2's fully_shard can run on this machine: it exists from torch 2.4, but
-    before 2.6 its first forward creates CUDA streams (FSDPCommContext.init calls
-    torch.cuda.Stream), so on a machine without a GPU it needs torch >= 2.6."""
+    on CPU its first forward fails before torch 2.7 (2.4 and 2.5 create CUDA streams in
+    FSDPCommContext.init; 2.6's all-gather calls record_event on a CPU stream, which has none),
+    so on a machine without a GPU it needs torch >= 2.7."""
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
     except ImportError:
         pytest.importorskip("torch.distributed._composable.fsdp")
     version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if version < (2, 6) and not torch.cuda.is_available():
-        pytest.skip(f"FSDP2 of torch {torch.__version__} creates CUDA streams at its first "
-                    f"forward; without a GPU it runs from torch 2.6")
+    if version < (2, 7) and not torch.cuda.is_available():
+        pytest.skip(f"FSDP2 of torch {torch.__version__} cannot take a step on CPU (CUDA "
+                    f"streams in 2.4/2.5, a CPU stream without record_event in 2.6); without a "
+                    f"GPU it runs from torch 2.7")
 
 
 def launch_flags(param_dtype: torch.dtype, state_dtype: torch.dtype, hyper):
