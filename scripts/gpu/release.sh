@@ -8,6 +8,11 @@
 #   pytest    every test with the marker gpu (a test bundle of every variant for sm_90)
 #   bench     bench_step on both trees (each imports its own python/), the same cases, one run each
 #   sr        the stochastic-rounding modes beside the peers (.whl/: torchao, torch-optimi)
+#   releases  luminav verify --require-gpu and selftest of bundles other Triton releases built
+#             (build/mxb/triton-*/, from the matrix's --keep-bundles or luminamoon aot build)
+#   packaging scripts/gpu/packaging.sh's aot and cold stages on the build above
+#   demo      luminamoon demo on the GPU (its results under $OUT/demo)
+#   campaign  scripts/gpu/bundle_campaign.py (its summary under $OUT/campaign)
 # Usage: scripts/gpu/release.sh [stage ...]; logs and CSVs under $OUT.
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -46,5 +51,21 @@ if has sr; then
   TAILN=30 stage bench-sr ${SR_LIMIT:-150} env PYTHONPATH="$NEW:$PWD/build/gpu-site" python3 benchmarks/bench_step.py \
     --cases one-256M/bf16,gpt2-124m/bf16 --modes adamw,clip,adamw-bf16m,clip-bf16m,adamw-bf16m-rne \
     --impls luminamoon-triton,torch-adamw-fused,torchao-adamw-bf16sr,optimi-adamw --steps 10 --out "$OUT/bench-sr.csv"
+fi
+if has releases; then
+  for b in build/mxb/triton-*/; do
+    [ -f "$b/manifest.json" ] || continue
+    TAILN=4 stage "release-$(basename "$b")" 90 bash -c "luminav verify '$b' --require-gpu | tail -n 2; luminav selftest '$b' | tail -n 1"
+  done
+fi
+if has packaging; then
+  TAILN=12 stage packaging 240 env TARGET="$NEW" OUT="$OUT" bash scripts/gpu/packaging.sh aot cold
+fi
+if has demo; then
+  TAILN=30 stage demo ${DEMO_LIMIT:-240} env PYTHONPATH="$NEW" python3 -m luminamoon demo --out "$OUT/demo"
+fi
+if has campaign; then
+  mkdir -p "$OUT/campaign"
+  TAILN=30 stage campaign ${CAMPAIGN_LIMIT:-330} python3 scripts/gpu/bundle_campaign.py --out "$OUT/campaign" --require-gpu
 fi
 echo "=== done $(date +%T)"
