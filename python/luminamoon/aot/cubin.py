@@ -81,6 +81,9 @@ SHN_LORESERVE = 0xFF00
 STT_OBJECT, STT_FUNC, STT_SECTION = 1, 2, 3
 STB_GLOBAL = 1
 STO_CUDA_ENTRY = 0x10  # st_other of a kernel's entry symbol
+# sh_entsize of the sections without table entries checked above: 8 for the call graphs (pairs
+# of 4-byte words), 0 for every other
+ENTSIZE_WRITTEN = {SHT_CUDA_CALLGRAPH: 8, SHT_CUDA_MERC_CALLGRAPH: 8}
 CALLGRAPH_MARKERS = 0xFFFFFFF0  # callgraph words at or above this are markers, not symbols
 
 # .nv.info record formats and the attributes checked here (NVIDIA's EIATTR list)
@@ -197,12 +200,15 @@ class CubinInfo:
 
     def entry_symbols(self, name: str) -> List[Symbol]:
         """Kernel entry symbols named ``name``: global functions marked as CUDA entries
-        (STO_CUDA_ENTRY), defined in a code section."""
+        (STO_CUDA_ENTRY), defined in a code section named ``.text.<name>`` (the driver finds a
+        kernel's code by that name: cuModuleGetFunction fails with CUDA_ERROR_NOT_FOUND
+        otherwise)."""
         return [s for s in self.symbols if s.name == name and s.type == STT_FUNC
                 and s.bind == STB_GLOBAL and s.other & STO_CUDA_ENTRY
                 and 0 < s.shndx < len(self.sections)
                 and self.sections[s.shndx].type == SHT_PROGBITS
-                and self.sections[s.shndx].flags & SHF_EXECINSTR]
+                and self.sections[s.shndx].flags & SHF_EXECINSTR
+                and self.sections[s.shndx].name == ".text." + name]
 
     @property
     def params(self) -> Dict[str, Tuple[KernelParam, ...]]:
@@ -330,6 +336,9 @@ def parse_cubin(data: bytes) -> CubinInfo:
         if want_ent is not None and (entsize != want_ent or size % want_ent):
             raise section(f"section {i} (type {typ}) has entries of {entsize} bytes and size "
                           f"{size} (entries are {want_ent} bytes)")
+        if want_ent is None and entsize != ENTSIZE_WRITTEN.get(typ, 0):
+            raise section(f"section {i} (type {typ:#x}) has sh_entsize {entsize:#x} (ptxas "
+                          f"writes {ENTSIZE_WRITTEN.get(typ, 0)} for a section of this type)")
         if link >= e_shnum:
             raise section(f"section {i} links section {link}, out of range")
         link_type = raw[link][1] if link else None

@@ -328,6 +328,10 @@ def cases(base: str) -> list:
     case("elf-sh-align-3", "elf_section", f"{f}.cubin", E, c0.sh(text_index, "align", 3), rehash())
     case("elf-symtab-entsize-16", "elf_section", f"{f}.cubin", E, c0.sh(symtab.index, "entsize", 16),
          rehash())
+    case("elf-debug-entsize", "elf_section", f"{f}.cubin", E,
+         c0.sh(c0.section(".nv_debug_line_sass").index, "entsize", 0x80000000), rehash())
+    case("elf-callgraph-entsize-0", "elf_section", f"{f}.cubin", E,
+         c0.sh(c0.section(".nv.callgraph").index, "entsize", 0), rehash())
     case("elf-sh-link-out-of-range", "elf_section", f"{f}.cubin", E,
          c0.sh(text_index, "link", c0.shnum + 3), rehash())
     case("elf-symtab-link-not-strtab", "elf_section", f"{f}.cubin", E,
@@ -421,6 +425,16 @@ def cases(base: str) -> list:
          patch(C0, entry_sym + 5, "00"), rehash())
     case("entry-not-in-cubin", "no_entry_symbol", f"{f}.entry", N,
          jset(k0 + "/entry", "_lumina_tdclm_pass2_kernel"))
+    # the driver finds the code by its section's name, .text.<entry> (cuModuleGetFunction:
+    # CUDA_ERROR_NOT_FOUND); the campaign's elf_bytes-00785 and elf_section-00276
+    text_name = c0.info.sections[text_index]
+    text_name_at = shstrtab.offset + struct.unpack_from("<I", c0.data, c0.shoff + 64 * text_index)[0]
+    assert text_name.name == ".text." + entry
+    case("entry-code-section-renamed", "no_entry_symbol", f"{f}.entry", N,
+         patch(C0, text_name_at + len(".text._"), b"X".hex()), rehash())
+    case("entry-code-section-other-name", "no_entry_symbol", f"{f}.entry", N,
+         c0.sh(text_index, "name", struct.unpack_from("<I", c0.data, c0.shoff + 64 * info.index)[0]),
+         rehash())
     A = "C++ verify accepts a cubin arch other than target.arch"
     case("arch-e-flags-80", "arch", f"{f}.target.arch", A, patch(C0, 0x30, le(80, 1)), rehash())
     case("arch-sm80-code-in-sm90-entry", "arch", f"{f}.target.arch", A,

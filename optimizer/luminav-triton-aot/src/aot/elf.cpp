@@ -279,8 +279,10 @@ std::vector<const Symbol*> CubinInfo::entry_symbols(const std::string& name) con
   for (const Symbol& s : symbols) {
     if (s.name != name || s.type != kSttFunc || s.bind != kStbGlobal || !(s.other & kStoCudaEntry)) continue;
     if (s.shndx == 0 || s.shndx >= sections.size()) continue;
+    // the driver finds a kernel's code by its section's name: cuModuleGetFunction fails with
+    // CUDA_ERROR_NOT_FOUND when it is not .text.<entry>
     const Section& code = sections[s.shndx];
-    if (code.type == kShtProgbits && (code.flags & kShfExecinstr)) out.push_back(&s);
+    if (code.type == kShtProgbits && (code.flags & kShfExecinstr) && code.name == ".text." + name) out.push_back(&s);
   }
   return out;
 }
@@ -420,6 +422,12 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
     if (want_ent && (s.entsize != want_ent || s.size % want_ent)) {
       section(sec + " (type " + std::to_string(s.type) + ") has entries of " + std::to_string(s.entsize) +
               " bytes and size " + std::to_string(s.size) + " (entries are " + std::to_string(want_ent) + " bytes)");
+    }
+    // sections without table entries: 8 for the call graphs (pairs of 4-byte words), 0 for every other
+    const std::uint64_t written_ent = (s.type == kShtCudaCallgraph || s.type == kShtCudaMercCallgraph) ? 8 : 0;
+    if (!want_ent && s.entsize != written_ent) {
+      section(sec + " (type " + hex(s.type) + ") has sh_entsize " + hex(s.entsize) + " (ptxas writes " +
+              std::to_string(written_ent) + " for a section of this type)");
     }
     if (s.link >= e_shnum) section(sec + " links section " + std::to_string(s.link) + ", out of range");
     // the linked section's type; a value no section type has when there is no link

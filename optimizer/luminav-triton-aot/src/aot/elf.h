@@ -86,7 +86,8 @@ struct CubinInfo {
   std::map<std::uint32_t, std::vector<FunctionInfo>> merc_function_info;
 
   // Kernel entry symbols named `name`: global functions marked as CUDA entries
-  // (kStoCudaEntry), defined in a code section.
+  // (kStoCudaEntry), defined in a code section named .text.<name> (the driver finds a kernel's
+  // code by that name).
   std::vector<const Symbol*> entry_symbols(const std::string& name) const;
   // The same in the Mercury symbol table: the kernel's entry in its Mercury code (a
   // .nv.capmerc.text section); none in a cubin without a Mercury copy.
