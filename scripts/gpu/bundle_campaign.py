@@ -80,6 +80,9 @@ import bundle_corpus  # noqa: E402  (tests/bundle_corpus.py: the corpus and its 
 
 VERIFY_TIMEOUT_S = 30
 DRIVER_TIMEOUT_S = 20
+# A worker whose CUDA context a sticky error broke ends with this status after writing that
+# item's result (marked "exits"): the parent waits for it and starts a fresh one; it is no crash
+WORKER_EXITS = 3
 AOT_TIMEOUT_S = 60
 CUBIN_PROBE_MAX = 64 << 20
 SHAPES = [(1000,), (37, 129), (4099,)]
@@ -602,10 +605,12 @@ def driver_worker() -> int:
             res["function"] = name(cu.cuModuleGetFunction(ctypes.byref(fn), mod, entry.encode()))
             res["unload"] = name(cu.cuModuleUnload(mod))
         res["sync"] = name(cu.cuCtxSynchronize())
+        if res["sync"] != "CUDA_SUCCESS":
+            res["exits"] = WORKER_EXITS  # the context is broken: the parent starts a fresh worker
         out.write(json.dumps(res) + "\n")
         out.flush()
-        if res["sync"] != "CUDA_SUCCESS":
-            return 3  # the context is broken: the parent starts a fresh worker
+        if res.get("exits"):
+            return WORKER_EXITS
     return 0
 
 
@@ -626,7 +631,11 @@ def driver_verdict(res: Dict[str, Any]) -> str:
 class Lanes:
     """``n`` worker processes of this script (``flag``), each fed one line at a time; a worker
     that dies takes its item with it (a crash) and is replaced, one that stays silent past
-    ``timeout`` is killed (a hang)."""
+    ``timeout`` is killed (a hang). A worker that ends on purpose after an item (its result says
+    ``exits``: a sticky CUDA error broke its context) is waited for and replaced before the
+    next item, so its exit is charged to no one. Each result of a worker that had run items
+    before names the last of them (``after``): a crash, hang or sticky error can come from the
+    state an earlier bundle left; :meth:`alone` runs items again, each in a fresh worker."""
 
     def __init__(self, flag: str, n: int, timeout: float, deadline: float,
                  env: Optional[Dict[str, str]] = None) -> None:
@@ -658,10 +667,16 @@ class Lanes:
             return None
         return p.stdout.readline()
 
-    def run(self, items: List[Tuple[str, str]], first: Optional[Any] = None
-            ) -> Tuple[Dict[str, Dict[str, Any]], Optional[str]]:
+    def alone(self, items: List[Tuple[str, str]]) -> Tuple[Dict[str, Dict[str, Any]],
+                                                            Optional[str]]:
+        """The same as :meth:`run`, each item in a worker of its own (started for it)."""
+        return self.run(items, one_each=True)
+
+    def run(self, items: List[Tuple[str, str]], first: Optional[Any] = None,
+            one_each: bool = False) -> Tuple[Dict[str, Dict[str, Any]], Optional[str]]:
         """{id: result} for (id, line) items, or ({}, why) when the workers cannot start.
-        ``first``: an already started (process, message) to use as lane 0."""
+        ``first``: an already started (process, message) to use as lane 0; ``one_each``: a
+        fresh worker for every item."""
         q: "queue.Queue[Tuple[str, str]]" = queue.Queue()
         for it in items:
             q.put(it)
@@ -674,8 +689,20 @@ class Lanes:
             except Exception as exc:  # noqa: BLE001 - one lane's failure is logged, not fatal
                 log(f"{self.flag} lane {k}: {exc!r}")
 
+        def close(p: subprocess.Popen) -> None:
+            try:
+                p.stdin.close()
+            except BrokenPipeError:
+                pass
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
         def lane_items(k: int) -> None:
             p = None
+            prev = None  # the item the current worker ran last
             if k == 0 and first is not None:
                 p = first
             while time.monotonic() < self.deadline:
@@ -684,7 +711,10 @@ class Lanes:
                 except queue.Empty:
                     break
                 if p is None or p.poll() is not None:
+                    if p is not None:
+                        p.wait()
                     p, why, _ = self.start()
+                    prev = None
                     if p is None:  # no worker starts here (no driver, no device): stop
                         whys.append(why)
                         q.put((ident, line))
@@ -695,35 +725,41 @@ class Lanes:
                     out = self._read(p, self.timeout)
                 except BrokenPipeError:
                     out = ""
+                after = {"after": prev} if prev is not None else {}
+                prev = ident
                 if out is None:
                     p.kill()
                     p.wait()
-                    results[ident] = {"hang": f"hang ({self.timeout:.0f} s)"}
+                    results[ident] = {"hang": f"hang ({self.timeout:.0f} s)", **after}
                     p = None
                     continue
                 if not out:
                     rc = p.wait()
                     results[ident] = {"crash": f"crash: signal {-rc}" if rc < 0 else
-                                      f"crash: exit {rc}"}
+                                      f"crash: exit {rc}", **after}
                     p = None
                     continue
                 try:
-                    results[ident] = json.loads(out)
+                    results[ident] = dict(json.loads(out), **after)
                 except ValueError:
-                    results[ident] = {"worker": f"bad output {out[:80]!r}"}
+                    results[ident] = {"worker": f"bad output {out[:80]!r}", **after}
                     p.kill()
-                if p.poll() is not None:
+                if results[ident].get("exits"):
+                    # it ends on purpose (a sticky error): wait for it, charged to no one
+                    try:
+                        p.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+                    p = None
+                elif one_each:
+                    close(p)
+                    p = None
+                elif p.poll() is not None:
                     p.wait()
                     p = None
             if p is not None:
-                try:
-                    p.stdin.close()
-                except BrokenPipeError:
-                    pass
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+                close(p)
 
         threads = [threading.Thread(target=lane, args=(k,)) for k in range(self.n)]
         for t in threads:
@@ -737,6 +773,27 @@ class Lanes:
         if not results and whys:
             return {}, whys[0]
         return results, None
+
+
+def aot_verdict(a: Dict[str, Any]) -> str:
+    """One aot step's result in words: crash, hang, sticky (a sticky CUDA error), or its
+    outcome and code."""
+    if "crash" in a or "hang" in a:
+        return a.get("crash") or a.get("hang")
+    if "aot_sticky" in a:
+        return "sticky: " + a["aot_sticky"][:120]
+    if "worker" in a:
+        return "not run: " + a["worker"]
+    return a.get("aot_outcome", "?") + (f":{a['aot_code']}" if a.get("aot_code") else "")
+
+
+def _reproduced(r: Dict[str, Any], what: Tuple[str, ...]) -> bool:
+    """Whether the aot step's crash, hang or sticky error (``what``: verdict prefixes) is the
+    bundle's own: it recurs alone in a fresh worker, or the worker had run nothing before it,
+    or it could not be run alone (then it counts, unconfirmed)."""
+    if not r.get("aot_after"):
+        return True
+    return r.get("aot_alone", "not run").startswith(what + ("not run",))
 
 
 def cubins_touched(m: Dict[str, Any]) -> List[str]:
@@ -820,7 +877,7 @@ def aot_worker() -> int:
             params, error = step("aot", bundle)
         except Exception as exc:  # noqa: BLE001 - a sticky CUDA error: the context is gone
             res.update(aot_outcome="error", aot_code=type(exc).__name__,
-                       aot_sticky=str(exc).splitlines()[0][:160] if str(exc) else "")
+                       aot_sticky=" ".join(str(exc).split())[:300] or repr(exc)[:300])
         else:
             if error is None:
                 res["aot_outcome"] = "accepted"
@@ -833,10 +890,12 @@ def aot_worker() -> int:
                                aot_field=str(error).splitlines()[0][:160] if str(error) else "")
                 # nothing may have been launched: the parameters are untouched
                 res["aot_untouched"] = all(torch.equal(a, b) for a, b in zip(params, init))
+        if "aot_sticky" in res:
+            res["exits"] = WORKER_EXITS  # the context is broken: the parent starts a fresh worker
         out.write(json.dumps(res) + "\n")
         out.flush()
-        if res.get("aot_sticky"):
-            return 3  # the context is broken: the parent starts a fresh worker
+        if res.get("exits"):
+            return WORKER_EXITS
     return 0
 
 
@@ -905,17 +964,28 @@ def summarise(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> Dict[str, Any
     s["aot_by_outcome"] = dict(Counter(
         (r.get("aot_outcome") or "skipped") + (f":{r['aot_code']}" if r.get("aot_code") else "")
         for r in rows if r["family"] != "corpus").most_common())
+    # an aot step's crash, hang or sticky error counts only where it recurs alone in a fresh
+    # worker; the others are listed with the bundle the worker had run before
     s["crashes"] = [r["id"] for r in ran
                     if (isinstance(r["cpp_rc"], int) and r["cpp_rc"] < 0)
-                    or r.get("aot_outcome") == "crash"]
+                    or (r.get("aot_outcome") == "crash" and _reproduced(r, ("crash",)))]
     s["hangs"] = [r["id"] for r in ran if r["cpp_rc"] == "timeout" or r["py_code"] == "timeout"
-                  or r.get("aot_outcome") == "hang"]
+                  or (r.get("aot_outcome") == "hang" and _reproduced(r, ("hang",)))]
+    s["aot_sticky"] = {r["id"]: r["aot_sticky"] for r in ran if r.get("aot_sticky")
+                       and _reproduced(r, ("sticky",))}
+    s["aot_not_alone"] = {r["id"]: {"was": r["aot_sticky"] and "sticky" or r["aot_code"],
+                                    "after": r["aot_after"], "alone": r.get("aot_alone", "")}
+                          for r in ran if (r.get("aot_outcome") in ("crash", "hang")
+                                           or r.get("aot_sticky"))
+                          and r["id"] not in s["crashes"] + s["hangs"]
+                          and r["id"] not in s["aot_sticky"]}
     s["python_escapes"] = [r["id"] for r in ran if r["py_code"].startswith("escaped:")]
     s["disagreements"] = [r["id"] for r in ran if r["disagree"]]
     s["device_only_refusals"] = sum(1 for r in ran if r["cpp_code"] == "device")
     s["bad_launches"] = [r["id"] for r in rows if r.get("bad_launch")]
     s["corpus_unexpected"] = [r["id"] for r in ran if r.get("expected_ok") is False]
-    s["ok"] = not (s["crashes"] or s["hangs"] or s["python_escapes"] or s["disagreements"]
+    s["ok"] = not (s["crashes"] or s["hangs"] or s["aot_sticky"] or s["python_escapes"]
+                   or s["disagreements"]
                    or s["bad_launches"] or s["corpus_unexpected"] or s["driver_crashes_accepted"]
                    or (meta["require_gpu"] and meta.get("aot_skipped")))
     return s
@@ -951,6 +1021,12 @@ def write_summary(path: str, s: Dict[str, Any]) -> None:
         + f"; base step equals the triton backend's: {s.get('triton_equal', '-')}",
         f"- crashes: {len(s['crashes'])} {s['crashes'][:20]}; hangs: {len(s['hangs'])}; "
         f"Python exceptions other than BundleError: {len(s['python_escapes'])}",
+        f"- sticky CUDA errors in a bundle's own aot step (a launch that broke the context; "
+        f"the loader should have refused it): {len(s['aot_sticky'])} "
+        f"{dict(list(s['aot_sticky'].items())[:10])}",
+        f"- crashes, hangs or sticky errors that did not recur alone in a fresh worker (the "
+        f"bundle run before them in the worker: `after`): {len(s['aot_not_alone'])} "
+        f"{dict(list(s['aot_not_alone'].items())[:10])}",
         f"- C++/Python disagreements: {len(s['disagreements'])} {s['disagreements'][:20]}; "
         f"refusals only a device makes (`device`): {s['device_only_refusals']}",
         f"- launches of a refused bundle or results other than the base's: "
@@ -1142,13 +1218,29 @@ def campaign(args: argparse.Namespace) -> int:
     p0, aot_skip, hello = lanes.start()  # the first worker makes the reference
     log(f"aot reference: {hello or aot_skip}")
     aot: Dict[str, Dict[str, Any]] = {}
+    alone: Dict[str, Dict[str, Any]] = {}
     if p0 is not None:
         aot, aot_skip = lanes.run([(r["id"], os.path.join(work, r["id"])) for r in rows
                                    if r["family"] != "corpus" and r["ran"]], first=p0)
+        # a crash, hang or sticky error may be an earlier bundle's doing (the state it left in
+        # the worker): each such bundle again, alone in a fresh worker, decides
+        suspects = [i for i, a in aot.items() if "crash" in a or "hang" in a or "aot_sticky" in a]
+        if suspects:
+            again = Lanes("--aot-worker", min(args.aot_workers, len(suspects)), AOT_TIMEOUT_S,
+                          end - 5, aot_env)
+            alone, _ = again.alone([(i, os.path.join(work, i)) for i in suspects])
+            log(f"aot suspects run alone: {len(alone)} of {len(suspects)}: " + ", ".join(
+                f"{i} ({aot_verdict(aot[i])}, after {aot[i].get('after')}; alone: "
+                f"{aot_verdict(alone[i]) if i in alone else 'not run'})" for i in suspects))
     for r in rows:
         if r["family"] == "corpus":
             continue
         a = aot.get(r["id"], {})
+        r["aot_after"] = a.get("after") or ""
+        r["aot_sticky"] = a.get("aot_sticky", "")
+        if r["id"] in alone:
+            r["aot_alone"] = aot_verdict(alone[r["id"]])
+            r["aot_alone_sticky"] = alone[r["id"]].get("aot_sticky", "")
         if "crash" in a or "hang" in a:
             a = {"aot_outcome": "crash" if "crash" in a else "hang",
                  "aot_code": a.get("crash") or a.get("hang")}
@@ -1175,7 +1267,7 @@ def campaign(args: argparse.Namespace) -> int:
     summary = summarise(rows, meta)
     cols = ["date", "id", "family", "what", "cpp_rc", "cpp_code", "cpp_field", "gpu", "py_code",
             "py_field", "disagree", "drv", "aot_outcome", "aot_code", "aot_same", "bad_launch",
-            "cpp_s", "ops"]
+            "aot_sticky", "aot_after", "aot_alone", "aot_alone_sticky", "cpp_s", "ops"]
     with open(os.path.join(args.out, "bundle_campaign.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()

@@ -2,7 +2,7 @@
 
 A cubin is an ELF64 little-endian executable for EM_CUDA. :func:`parse_cubin` checks that every
 header, offset, size and index is in bounds and every table well formed (docs/bundle-format.md,
-"Cubins": rules E1-E29), so that nothing malformed ever reaches the CUDA driver, and reads what
+"Cubins": rules E1-E30), so that nothing malformed ever reaches the CUDA driver, and reads what
 the bundle checks need: the SM arch from ``e_flags``, the symbol table, and per kernel the
 ``.nv.info`` attributes whose ``EIATTR_KPARAM_INFO`` records are its parameters (what
 ``cuFuncGetParamInfo`` reports) and ``EIATTR_REQNTID`` its block size; for the cubins of sm_100
@@ -81,6 +81,9 @@ SHN_LORESERVE = 0xFF00
 STT_OBJECT, STT_FUNC, STT_SECTION = 1, 2, 3
 STB_GLOBAL = 1
 STO_CUDA_ENTRY = 0x10  # st_other of a kernel's entry symbol
+# sh_entsize of the sections without table entries checked above: 8 for the call graphs (pairs
+# of 4-byte words), 0 for every other
+ENTSIZE_WRITTEN = {SHT_CUDA_CALLGRAPH: 8, SHT_CUDA_MERC_CALLGRAPH: 8}
 CALLGRAPH_MARKERS = 0xFFFFFFF0  # callgraph words at or above this are markers, not symbols
 
 # .nv.info record formats and the attributes checked here (NVIDIA's EIATTR list)
@@ -122,6 +125,13 @@ INSTR_OFFSET_ATTRS = (EIATTR_EXIT_INSTR_OFFSETS, EIATTR_S2RCTAID_INSTR_OFFSETS,
                       EIATTR_INT_WARP_WIDE_INSTR_OFFSETS, EIATTR_MBARRIER_INSTR_OFFSETS,
                       EIATTR_SYSCALL_OFFSETS, EIATTR_SW_WAR_MEMBAR_SYS_INSTR_OFFSETS,
                       EIATTR_STACK_CANARY_TRAP_OFFSETS, EIATTR_LOCAL_CTA_ASYNC_STORE_OFFSETS)
+# E30: the module-wide records ptxas writes for every kernel, once each (the SASS's and the
+# Mercury copy's alike): the driver reads them at the first launch, and a kernel without them
+# breaks the CUDA context (a sticky error) instead of being refused at load
+KERNEL_MODULE_ATTRS = ((EIATTR_FRAME_SIZE, "EIATTR_FRAME_SIZE"),
+                       (EIATTR_MIN_STACK_SIZE, "EIATTR_MIN_STACK_SIZE"),
+                       (EIATTR_REGCOUNT, "EIATTR_REGCOUNT"))
+PARAM_BANK_PREFIX = ".nv.constant0."  # the section a kernel's EIATTR_PARAM_CBANK names
 
 
 class CubinError(ValueError):
@@ -174,6 +184,9 @@ class FunctionInfo:
     param_cbank: Optional[Tuple[int, int, int]]  # EIATTR_PARAM_CBANK: (symbol, offset, size)
     reqntid: Optional[Tuple[int, int, int]]  # EIATTR_REQNTID
     max_threads: Optional[Tuple[int, int, int]]  # EIATTR_MAX_THREADS
+    param_cbank_count: int = 0  # how many EIATTR_PARAM_CBANK records
+    # (attribute, symbol) of each EIATTR_FRAME_SIZE, MIN_STACK_SIZE, MAX_STACK_SIZE, REGCOUNT
+    symbol_values: Tuple[Tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,12 +210,15 @@ class CubinInfo:
 
     def entry_symbols(self, name: str) -> List[Symbol]:
         """Kernel entry symbols named ``name``: global functions marked as CUDA entries
-        (STO_CUDA_ENTRY), defined in a code section."""
+        (STO_CUDA_ENTRY), defined in a code section named ``.text.<name>`` (the driver finds a
+        kernel's code by that name: cuModuleGetFunction fails with CUDA_ERROR_NOT_FOUND
+        otherwise)."""
         return [s for s in self.symbols if s.name == name and s.type == STT_FUNC
                 and s.bind == STB_GLOBAL and s.other & STO_CUDA_ENTRY
                 and 0 < s.shndx < len(self.sections)
                 and self.sections[s.shndx].type == SHT_PROGBITS
-                and self.sections[s.shndx].flags & SHF_EXECINSTR]
+                and self.sections[s.shndx].flags & SHF_EXECINSTR
+                and self.sections[s.shndx].name == ".text." + name]
 
     @property
     def params(self) -> Dict[str, Tuple[KernelParam, ...]]:
@@ -235,7 +251,7 @@ def _pow2_or_zero(v: int) -> bool:
 
 
 def parse_cubin(data: bytes) -> CubinInfo:
-    """Checks ``data`` against rules E1-E29 and reads what the bundle checks need.
+    """Checks ``data`` against rules E1-E30 and reads what the bundle checks need.
 
     Raises :class:`CubinError` at the first rule broken, in the rule book's order.
     """
@@ -330,6 +346,9 @@ def parse_cubin(data: bytes) -> CubinInfo:
         if want_ent is not None and (entsize != want_ent or size % want_ent):
             raise section(f"section {i} (type {typ}) has entries of {entsize} bytes and size "
                           f"{size} (entries are {want_ent} bytes)")
+        if want_ent is None and entsize != ENTSIZE_WRITTEN.get(typ, 0):
+            raise section(f"section {i} (type {typ:#x}) has sh_entsize {entsize:#x} (ptxas "
+                          f"writes {ENTSIZE_WRITTEN.get(typ, 0)} for a section of this type)")
         if link >= e_shnum:
             raise section(f"section {i} links section {link}, out of range")
         link_type = raw[link][1] if link else None
@@ -485,6 +504,8 @@ def parse_cubin(data: bytes) -> CubinInfo:
     # E26: .nv.info records (a Mercury one describes Mercury code, by Mercury symbols)
     function_info: Dict[int, List[FunctionInfo]] = {}
     merc_function_info: Dict[int, List[FunctionInfo]] = {}
+    module_info: List[FunctionInfo] = []  # the module-wide (not info-link) ones
+    merc_module_info: List[FunctionInfo] = []
     for i in range(1, e_shnum):
         typ, flags, off, size, info = raw[i][1], raw[i][2], raw[i][4], raw[i][5], raw[i][7]
         if typ not in (SHT_CUDA_INFO, SHT_CUDA_MERC_INFO):
@@ -504,6 +525,8 @@ def parse_cubin(data: bytes) -> CubinInfo:
                           per_function=bool(flags & SHF_INFO_LINK))
         if flags & SHF_INFO_LINK:
             (merc_function_info if merc else function_info).setdefault(info, []).append(fi)
+        else:
+            (merc_module_info if merc else module_info).append(fi)
     # E27: the call graphs
     for i in range(1, e_shnum):
         typ, off, size = raw[i][1], raw[i][4], raw[i][5]
@@ -524,6 +547,41 @@ def parse_cubin(data: bytes) -> CubinInfo:
     for i in range(1, e_shnum):
         if raw[i][1] == SHT_CUDA_COMPAT:
             _check_compat(data[raw[i][4]:raw[i][4] + raw[i][5]], i)
+    # E30: each kernel (a global function marked as an entry, defined in code; in the Mercury
+    # symbol table, in Mercury code): the module-wide .nv.info records of it once each, and each
+    # .nv.info describing its code one EIATTR_PARAM_CBANK, naming a .nv.constant0 section
+    for merc, syms, modules, per_function in (
+            (False, symbols, module_info, function_info),
+            (True, merc_symbols, merc_module_info, merc_function_info)):
+        what = "Mercury kernel" if merc else "kernel"
+        for j, s in enumerate(syms):
+            if not (s.type == STT_FUNC and s.bind == STB_GLOBAL and s.other & STO_CUDA_ENTRY
+                    and 0 < s.shndx < e_shnum):
+                continue
+            code = raw[s.shndx]
+            if merc and code[1] != SHT_CUDA_CAPMERC or not merc and (
+                    code[1] != SHT_PROGBITS or not code[2] & SHF_EXECINSTR):
+                continue
+            for attr, attr_name in KERNEL_MODULE_ATTRS:
+                count = sum(1 for fi in modules for a, sym in fi.symbol_values
+                            if a == attr and sym == j)
+                if count != 1:
+                    raise section(f"{what} {s.name!r} (symbol {j}) has {count} {attr_name} "
+                                  f"records (attribute {attr:#x}) in the module-wide .nv.info, "
+                                  "not 1")
+            if merc:
+                continue
+            for fi in per_function.get(s.shndx, ()):
+                if fi.param_cbank_count != 1:
+                    raise section(f"{what} {s.name!r} has {fi.param_cbank_count} "
+                                  "EIATTR_PARAM_CBANK records (attribute 0xa) in the .nv.info "
+                                  "of its code, not 1")
+                bank = syms[fi.param_cbank[0]]
+                if bank.type != STT_SECTION or not 0 < bank.shndx < e_shnum or \
+                        not sections[bank.shndx].name.startswith(PARAM_BANK_PREFIX):
+                    raise section(f"{what} {s.name!r}'s EIATTR_PARAM_CBANK names symbol "
+                                  f"{fi.param_cbank[0]}, not the section symbol of a "
+                                  f"{PARAM_BANK_PREFIX}* section")
     return CubinInfo(size=n, elf_abi_version=abi, e_flags=e_flags,
                      arch=arch_from_flags(abi, e_flags), sections=sections,
                      symbols=tuple(symbols),
@@ -596,6 +654,8 @@ def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int],
 
     params: List[KernelParam] = []
     cbank_param_size = param_cbank = reqntid = max_threads = None
+    param_cbank_count = 0
+    symbol_values: List[Tuple[int, int]] = []
     p = 0
     while p < len(blob):
         if p + 4 > len(blob):
@@ -628,6 +688,7 @@ def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int],
             (sym,) = struct.unpack_from("<I", val, 0)
             if sym >= nsyms:
                 raise bad(f"attribute {attr:#x} names symbol {sym} of {nsyms}")
+            symbol_values.append((attr, sym))
         elif attr == EIATTR_KPARAM_INFO:
             need(12, "a parameter record")
             _index, ordinal, offset, flags = struct.unpack_from("<IHHI", val, 0)
@@ -642,6 +703,7 @@ def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int],
             if sym >= nsyms:
                 raise bad(f"the parameter bank names symbol {sym} of {nsyms}")
             param_cbank = (sym, word & 0xFFFF, word >> 16)
+            param_cbank_count += 1
         elif attr == EIATTR_EXTERNS:
             need(None, "external symbols")
             if len(val) % 4 or any(x >= nsyms for (x,) in struct.iter_unpack("<I", val)):
@@ -666,7 +728,8 @@ def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int],
             if fmt != want_fmt or (want_size is not None and len(val) != want_size):
                 raise bad(f"attribute {attr:#x} has format {fmt} and {len(val)} bytes")
     return FunctionInfo(params=tuple(params), cbank_param_size=cbank_param_size,
-                        param_cbank=param_cbank, reqntid=reqntid, max_threads=max_threads)
+                        param_cbank=param_cbank, reqntid=reqntid, max_threads=max_threads,
+                        param_cbank_count=param_cbank_count, symbol_values=tuple(symbol_values))
 
 
 def has_symbol(data: bytes, name: str) -> bool:

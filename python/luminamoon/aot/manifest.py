@@ -426,7 +426,7 @@ def read_manifest(bundle_dir: "os.PathLike[str] | str") -> Dict[str, Any]:
 def check_cubin(bundle_dir: "os.PathLike[str] | str", entry: Mapping[str, Any], i: int,
                 data: Optional[bytes] = None) -> bytes:
     """Rules C1-C6 for the cubin of ``kernels[i]`` (an entry :func:`validate_manifest`
-    accepted): the file (F), its ELF structure (E1-E29), its hash, entry symbol, arch,
+    accepted): the file (F), its ELF structure (E1-E30), its hash, entry symbol, arch,
     parameters and block size. Returns the cubin's bytes."""
     p = f"kernels[{i}]"
     if data is None:

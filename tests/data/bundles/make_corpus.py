@@ -288,7 +288,7 @@ def cases(base: str) -> list:
     case("num-warps-changed", "key_mismatch", f"{f}.key", K, jset(k0 + "/num_warps", 8))
     case("duplicate-entry", "duplicate", "kernels[3]", S, jset("/kernels/3", man["kernels"][0]))
 
-    # --- cubins: the ELF structure (E1-E29), each with its hash updated to match
+    # --- cubins: the ELF structure (E1-E30), each with its hash updated to match
     E = "a corrupted cubin, rehashed, segfaults cuModuleLoadData"
     n = len(c0.data)
     case("elf-empty", "truncated", f"{f}.cubin", E, {"op": "truncate", "file": C0, "size": 0}, rehash())
@@ -328,6 +328,10 @@ def cases(base: str) -> list:
     case("elf-sh-align-3", "elf_section", f"{f}.cubin", E, c0.sh(text_index, "align", 3), rehash())
     case("elf-symtab-entsize-16", "elf_section", f"{f}.cubin", E, c0.sh(symtab.index, "entsize", 16),
          rehash())
+    case("elf-debug-entsize", "elf_section", f"{f}.cubin", E,
+         c0.sh(c0.section(".nv_debug_line_sass").index, "entsize", 0x80000000), rehash())
+    case("elf-callgraph-entsize-0", "elf_section", f"{f}.cubin", E,
+         c0.sh(c0.section(".nv.callgraph").index, "entsize", 0), rehash())
     case("elf-sh-link-out-of-range", "elf_section", f"{f}.cubin", E,
          c0.sh(text_index, "link", c0.shnum + 3), rehash())
     case("elf-symtab-link-not-strtab", "elf_section", f"{f}.cubin", E,
@@ -403,6 +407,25 @@ def cases(base: str) -> list:
     frame = next(r for r in c0.nvinfo_records(".nv.info") if r[2] == 0x11)
     case("elf-nvinfo-module-record-symbol", "elf_section", f"{f}.cubin", E,
          patch(C0, frame[0] + 1, "37"), patch(C0, frame[3], le(999, 4)), rehash())
+    # E30: what the driver reads of a kernel at its first launch; without it the launch breaks
+    # the CUDA context (a sticky error) instead of the load failing: the campaign's
+    # elf_nvinfo-00613, elf_nvinfo-00624 and elf_section-00255
+    K = "the first launch breaks the CUDA context"
+    module = c0.section(".nv.info")
+    assert module.name == ".nv.info" and not module.flags & 0x40
+    cbank = next(r for r in records if r[2] == 0x0A)
+    min_stack = next(r for r in c0.nvinfo_records(".nv.info") if r[2] == 0x12)
+    case("elf-kernel-param-cbank-retagged", "elf_section", f"{f}.cubin", K,
+         patch(C0, cbank[0] + 1, "29"), rehash())
+    case("elf-kernel-param-cbank-not-constant-bank", "elf_section", f"{f}.cubin", K,
+         patch(C0, cbank[3], le(next(j for j, sym in enumerate(c0.info.symbols)
+                                     if sym.type == 3 and sym.shndx == text_index), 4)), rehash())
+    case("elf-kernel-regcount-retagged", "elf_section", f"{f}.cubin", K,
+         patch(C0, regcount[0] + 1, "01"), rehash())
+    case("elf-kernel-frame-size-twice", "elf_section", f"{f}.cubin", K,
+         patch(C0, min_stack[0] + 1, "11"), rehash())
+    case("elf-kernel-module-nvinfo-empty", "elf_section", f"{f}.cubin", K,
+         c0.sh(module.index, "size", 0), rehash())
     case("elf-segment-past-end", "truncated", f"{f}.cubin", E,
          patch(C0, struct.unpack_from("<Q", c0.data, 0x20)[0] + 8, le(n, 8)), rehash())
 
@@ -421,6 +444,16 @@ def cases(base: str) -> list:
          patch(C0, entry_sym + 5, "00"), rehash())
     case("entry-not-in-cubin", "no_entry_symbol", f"{f}.entry", N,
          jset(k0 + "/entry", "_lumina_tdclm_pass2_kernel"))
+    # the driver finds the code by its section's name, .text.<entry> (cuModuleGetFunction:
+    # CUDA_ERROR_NOT_FOUND); the campaign's elf_bytes-00785 and elf_section-00276
+    text_name = c0.info.sections[text_index]
+    text_name_at = shstrtab.offset + struct.unpack_from("<I", c0.data, c0.shoff + 64 * text_index)[0]
+    assert text_name.name == ".text." + entry
+    case("entry-code-section-renamed", "no_entry_symbol", f"{f}.entry", N,
+         patch(C0, text_name_at + len(".text._"), b"X".hex()), rehash())
+    case("entry-code-section-other-name", "no_entry_symbol", f"{f}.entry", N,
+         c0.sh(text_index, "name", struct.unpack_from("<I", c0.data, c0.shoff + 64 * info.index)[0]),
+         rehash())
     A = "C++ verify accepts a cubin arch other than target.arch"
     case("arch-e-flags-80", "arch", f"{f}.target.arch", A, patch(C0, 0x30, le(80, 1)), rehash())
     case("arch-sm80-code-in-sm90-entry", "arch", f"{f}.target.arch", A,
@@ -523,6 +556,9 @@ def blackwell_cases(base: str) -> list:
               le(c3.info.merc_symbols[merc_entry].size, 4)))
     bad("blackwell-mercury-nvinfo-regcount-symbol",
         patch(C3, mregcount[3], le(len(c3.info.merc_symbols), 4)))
+    # E30 for the Mercury copy: its module-wide records of the kernel, once each
+    mframe = next(r for r in c3.nvinfo_records(".nv.merc.nv.info") if r[2] == 0x11)
+    bad("blackwell-mercury-kernel-frame-size-retagged", patch(C3, mframe[0] + 1, "12"))
     bad("blackwell-nvinfo-unnamed-attribute-format", patch(C3, maxreg[0] + 1, "6d"))
     bad("blackwell-nvinfo-attribute-0x60", patch(C3, maxreg[0] + 1, "60"))
     # .nv.compat (E29)

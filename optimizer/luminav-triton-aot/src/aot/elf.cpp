@@ -1,4 +1,4 @@
-// src/aot/elf.cpp: the strict cubin reader (rules E1-E29 of docs/bundle-format.md), check for
+// src/aot/elf.cpp: the strict cubin reader (rules E1-E30 of docs/bundle-format.md), check for
 // check the same as python/luminamoon/aot/cubin.py
 #include "aot/elf.h"
 
@@ -140,6 +140,7 @@ class NvInfoReader {
         if (sym >= nsyms_) {
           bad("attribute " + hex(attr) + " names symbol " + std::to_string(sym) + " of " + std::to_string(nsyms_));
         }
+        fi.symbol_values.emplace_back(attr, static_cast<std::uint32_t>(sym));
       } else if (attr == kKparamInfo) {
         need(12, "a parameter record");
         KernelParam q;
@@ -161,6 +162,7 @@ class NvInfoReader {
         fi.param_cbank = FunctionInfo::ParamCbank{static_cast<std::uint32_t>(sym),
                                                   static_cast<std::uint32_t>(word & 0xffff),
                                                   static_cast<std::uint32_t>(word >> 16)};
+        ++fi.param_cbank_count;
       } else if (attr == kExterns) {
         need(std::nullopt, "external symbols");
         bool ok = len % 4 == 0;
@@ -279,8 +281,10 @@ std::vector<const Symbol*> CubinInfo::entry_symbols(const std::string& name) con
   for (const Symbol& s : symbols) {
     if (s.name != name || s.type != kSttFunc || s.bind != kStbGlobal || !(s.other & kStoCudaEntry)) continue;
     if (s.shndx == 0 || s.shndx >= sections.size()) continue;
+    // the driver finds a kernel's code by its section's name: cuModuleGetFunction fails with
+    // CUDA_ERROR_NOT_FOUND when it is not .text.<entry>
     const Section& code = sections[s.shndx];
-    if (code.type == kShtProgbits && (code.flags & kShfExecinstr)) out.push_back(&s);
+    if (code.type == kShtProgbits && (code.flags & kShfExecinstr) && code.name == ".text." + name) out.push_back(&s);
   }
   return out;
 }
@@ -420,6 +424,12 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
     if (want_ent && (s.entsize != want_ent || s.size % want_ent)) {
       section(sec + " (type " + std::to_string(s.type) + ") has entries of " + std::to_string(s.entsize) +
               " bytes and size " + std::to_string(s.size) + " (entries are " + std::to_string(want_ent) + " bytes)");
+    }
+    // sections without table entries: 8 for the call graphs (pairs of 4-byte words), 0 for every other
+    const std::uint64_t written_ent = (s.type == kShtCudaCallgraph || s.type == kShtCudaMercCallgraph) ? 8 : 0;
+    if (!want_ent && s.entsize != written_ent) {
+      section(sec + " (type " + hex(s.type) + ") has sh_entsize " + hex(s.entsize) + " (ptxas writes " +
+              std::to_string(written_ent) + " for a section of this type)");
     }
     if (s.link >= e_shnum) section(sec + " links section " + std::to_string(s.link) + ", out of range");
     // the linked section's type; a value no section type has when there is no link
@@ -628,6 +638,7 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
     }
   }
   // E26: .nv.info records (a Mercury one describes Mercury code, by Mercury symbols)
+  std::vector<FunctionInfo> module_info, merc_module_info;  // the module-wide (not info-link) ones
   for (std::uint32_t i = 1; i < e_shnum; ++i) {
     const RawSection& s = raw[i];
     if (s.type != kShtCudaInfo && s.type != kShtCudaMercInfo) continue;
@@ -648,7 +659,11 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
     FunctionInfo fi = NvInfoReader(d + s.offset, s.size, i, merc ? merc_nsyms : nsyms, code_size,
                                    (s.flags & kShfInfoLink) != 0)
                           .read();
-    if (s.flags & kShfInfoLink) (merc ? info.merc_function_info : info.function_info)[s.info].push_back(std::move(fi));
+    if (s.flags & kShfInfoLink) {
+      (merc ? info.merc_function_info : info.function_info)[s.info].push_back(std::move(fi));
+    } else {
+      (merc ? merc_module_info : module_info).push_back(std::move(fi));
+    }
   }
   // E27: the call graphs
   for (std::uint64_t i = 1; i < e_shnum; ++i) {
@@ -674,6 +689,53 @@ CubinInfo parse_cubin(const unsigned char* d, std::size_t size) {
   // E29: .nv.compat records
   for (std::uint32_t i = 1; i < e_shnum; ++i) {
     if (raw[i].type == kShtCudaCompat) check_compat(d + raw[i].offset, raw[i].size, i);
+  }
+  // E30: each kernel (a global function marked as an entry, defined in code; in the Mercury
+  // symbol table, in Mercury code): the module-wide .nv.info records of it once each, and each
+  // .nv.info describing its code one EIATTR_PARAM_CBANK, naming a .nv.constant0 section. The
+  // driver reads them at the first launch: a kernel without them breaks the CUDA context.
+  static const std::pair<unsigned, const char*> kKernelModuleAttrs[] = {
+      {kFrameSize, "EIATTR_FRAME_SIZE"}, {kMinStackSize, "EIATTR_MIN_STACK_SIZE"}, {kRegcount, "EIATTR_REGCOUNT"}};
+  const std::string kParamBankPrefix = ".nv.constant0.";
+  for (const bool merc : {false, true}) {
+    const std::vector<Symbol>& syms = merc ? info.merc_symbols : info.symbols;
+    const std::vector<FunctionInfo>& modules = merc ? merc_module_info : module_info;
+    const auto& per_function = merc ? info.merc_function_info : info.function_info;
+    const std::string what = merc ? "Mercury kernel" : "kernel";
+    for (std::uint32_t j = 0; j < syms.size(); ++j) {
+      const Symbol& s = syms[j];
+      if (!(s.type == kSttFunc && s.bind == kStbGlobal && (s.other & kStoCudaEntry) && s.shndx > 0 &&
+            s.shndx < e_shnum)) {
+        continue;
+      }
+      const RawSection& code = raw[s.shndx];
+      if (merc ? code.type != kShtCudaCapmerc : (code.type != kShtProgbits || !(code.flags & kShfExecinstr))) continue;
+      for (const auto& a : kKernelModuleAttrs) {
+        std::size_t count = 0;
+        for (const FunctionInfo& fi : modules) {
+          for (const auto& sv : fi.symbol_values) count += sv.first == a.first && sv.second == j;
+        }
+        if (count != 1) {
+          section(what + " '" + s.name + "' (symbol " + std::to_string(j) + ") has " + std::to_string(count) + " " +
+                  a.second + " records (attribute " + hex(a.first) + ") in the module-wide .nv.info, not 1");
+        }
+      }
+      if (merc) continue;
+      auto fis = per_function.find(s.shndx);
+      if (fis == per_function.end()) continue;
+      for (const FunctionInfo& fi : fis->second) {
+        if (fi.param_cbank_count != 1) {
+          section(what + " '" + s.name + "' has " + std::to_string(fi.param_cbank_count) +
+                  " EIATTR_PARAM_CBANK records (attribute 0xa) in the .nv.info of its code, not 1");
+        }
+        const Symbol& bank = syms[fi.param_cbank->symbol];
+        if (bank.type != kSttSection || bank.shndx == 0 || bank.shndx >= e_shnum ||
+            info.sections[bank.shndx].name.compare(0, kParamBankPrefix.size(), kParamBankPrefix) != 0) {
+          section(what + " '" + s.name + "'s EIATTR_PARAM_CBANK names symbol " + std::to_string(fi.param_cbank->symbol) +
+                  ", not the section symbol of a " + kParamBankPrefix + "* section");
+        }
+      }
+    }
   }
   return info;
 }

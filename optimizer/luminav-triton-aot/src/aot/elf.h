@@ -1,7 +1,7 @@
 // src/aot/elf.h: the cubin (CUDA ELF) reader of the bundle rule book, as strict as Python's
 //
 // parse_cubin checks that every header, offset, size and index of a cubin is in bounds and every
-// table well formed (docs/bundle-format.md, "Cubins": rules E1-E29, in that order), so that
+// table well formed (docs/bundle-format.md, "Cubins": rules E1-E30, in that order), so that
 // nothing malformed ever reaches the CUDA driver, and reads what the bundle checks need: the SM
 // arch from e_flags, the symbol table, and per kernel the .nv.info attributes whose
 // EIATTR_KPARAM_INFO records are its parameters (what cuFuncGetParamInfo reports) and
@@ -19,6 +19,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "aot/bundle_rules.h"
@@ -69,6 +70,9 @@ struct FunctionInfo {
   std::optional<ParamCbank> param_cbank;                      // EIATTR_PARAM_CBANK
   std::optional<std::array<std::uint32_t, 3>> reqntid;      // EIATTR_REQNTID
   std::optional<std::array<std::uint32_t, 3>> max_threads;  // EIATTR_MAX_THREADS
+  std::size_t param_cbank_count = 0;                         // how many EIATTR_PARAM_CBANK records
+  // (attribute, symbol) of each EIATTR_FRAME_SIZE, MIN_STACK_SIZE, MAX_STACK_SIZE, REGCOUNT
+  std::vector<std::pair<unsigned, std::uint32_t>> symbol_values;
 };
 
 struct CubinInfo {
@@ -86,7 +90,8 @@ struct CubinInfo {
   std::map<std::uint32_t, std::vector<FunctionInfo>> merc_function_info;
 
   // Kernel entry symbols named `name`: global functions marked as CUDA entries
-  // (kStoCudaEntry), defined in a code section.
+  // (kStoCudaEntry), defined in a code section named .text.<name> (the driver finds a kernel's
+  // code by that name).
   std::vector<const Symbol*> entry_symbols(const std::string& name) const;
   // The same in the Mercury symbol table: the kernel's entry in its Mercury code (a
   // .nv.capmerc.text section); none in a cubin without a Mercury copy.
@@ -107,7 +112,7 @@ class ElfError : public std::runtime_error {
 // version 8 (the ptxas of CUDA 12.8 and later).
 int arch_from_flags(int abi_version, std::uint32_t e_flags);
 
-// Checks `data` against rules E1-E29 and reads what the bundle checks need; throws ElfError at
+// Checks `data` against rules E1-E30 and reads what the bundle checks need; throws ElfError at
 // the first rule broken, in the rule book's order. Reads nothing outside [data, data + size).
 CubinInfo parse_cubin(const unsigned char* data, std::size_t size);
 

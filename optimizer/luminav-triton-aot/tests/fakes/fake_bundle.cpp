@@ -68,6 +68,7 @@ std::vector<unsigned char> make_fake_cubin(const FakeCubin& spec) {
     place(shstrtab, bytes_of(shstr));
   } else {
     // [1] .shstrtab [2] .strtab [3] .symtab [4] .nv.info.<entry> [5] .text.<entry>
+    // [6] .nv.constant0.<entry> (the parameter bank) [7] .nv.info (module-wide)
     std::string strtab(1, '\0');
     const std::uint32_t entry_name = add_name(strtab, spec.entry);
     Shdr s_strtab, s_symtab, s_info, s_text;
@@ -100,6 +101,12 @@ std::vector<unsigned char> make_fake_cubin(const FakeCubin& spec) {
     append(syms, 5, 2);    // in .text.<entry>
     append(syms, 0, 8);
     append(syms, payload.size(), 8);
+    append(syms, 0, 4);    // symbol 2: the section symbol of .nv.constant0.<entry>
+    syms.push_back(0x03);  // STB_LOCAL, STT_SECTION
+    syms.push_back(0);
+    append(syms, 6, 2);
+    append(syms, 0, 8);
+    append(syms, 0, 8);
     place(s_symtab, syms);
     std::vector<unsigned char> info;
     std::uint64_t off = 0;
@@ -129,8 +136,32 @@ std::vector<unsigned char> make_fake_cubin(const FakeCubin& spec) {
       append(info, 1, 4);
       append(info, 1, 4);
     }
+    info.push_back(4);     // EIFMT_SVAL
+    info.push_back(0x0a);  // EIATTR_PARAM_CBANK: symbol 2, offset 0, the parameters' size
+    append(info, 8, 2);
+    append(info, 2, 4);
+    append(info, off << 16, 4);
     place(s_info, info);
     place(s_text, bytes_of(payload));
+    Shdr s_bank, s_module;
+    s_bank.type = 1;
+    s_bank.name = add_name(shstr, ".nv.constant0." + spec.entry);
+    s_bank.flags = 0x2;  // alloc
+    s_bank.align = 4;
+    place(s_bank, std::vector<unsigned char>(off, 0));
+    s_module.type = 0x70000000;  // .nv.info, module-wide: FRAME_SIZE, MIN_STACK_SIZE, REGCOUNT
+    s_module.name = add_name(shstr, ".nv.info");
+    s_module.link = 3;
+    s_module.align = 4;
+    std::vector<unsigned char> module;
+    for (const std::uint32_t attr : {0x11u, 0x12u, 0x2fu}) {
+      module.push_back(4);
+      module.push_back(static_cast<unsigned char>(attr));
+      append(module, 8, 2);
+      append(module, 1, 4);  // the entry
+      append(module, attr == 0x2f ? 16 : 0, 4);
+    }
+    place(s_module, module);
     // Now the name table is complete: append it and point section 1 at it.
     sh[1].offset = b.size();
     sh[1].size = shstr.size();
