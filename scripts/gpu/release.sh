@@ -59,7 +59,8 @@ if has releases; then
   done
 fi
 if has packaging; then
-  TAILN=12 stage packaging 240 env TARGET="$NEW" OUT="$OUT" bash scripts/gpu/packaging.sh aot cold
+  TAILN=12 stage packaging 120 env TARGET="$NEW" OUT="$OUT" bash scripts/gpu/packaging.sh aot
+  TAILN=30 stage cold-start ${COLD_LIMIT:-150} env PYTHONPATH="$NEW" python3 benchmarks/cold_start.py --device cuda --repeats ${COLD_REPEATS:-2} --out-stem "$OUT/cold-start"
 fi
 if has demo; then
   TAILN=30 stage demo ${DEMO_LIMIT:-240} env PYTHONPATH="$NEW" python3 -m luminamoon demo --out "$OUT/demo"
