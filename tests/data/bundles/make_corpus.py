@@ -422,7 +422,7 @@ def cases(base: str) -> list:
                                      if sym.type == 3 and sym.shndx == text_index), 4)), rehash())
     case("elf-kernel-regcount-retagged", "elf_section", f"{f}.cubin", K,
          patch(C0, regcount[0] + 1, "01"), rehash())
-    case("elf-kernel-frame-size-twice", "elf_section", f"{f}.cubin", K,
+    case("elf-kernel-min-stack-size-retagged", "elf_section", f"{f}.cubin", K,
          patch(C0, min_stack[0] + 1, "11"), rehash())
     case("elf-kernel-module-nvinfo-empty", "elf_section", f"{f}.cubin", K,
          c0.sh(module.index, "size", 0), rehash())
