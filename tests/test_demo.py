@@ -93,3 +93,19 @@ def test_help_documents_every_option(capsys):
         assert option in text, option
     actions = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
     assert all(a.help for a in actions), [a.dest for a in actions if not a.help]
+
+
+def test_the_step_time_table_includes_the_cpu_engine_where_it_is_built(quick_demo):
+    """On CPU with the native module built, the step-time table times LuminaMoon's own engine
+    (backend "cpu"), not only the reference."""
+    from conftest import native_available
+
+    if not native_available():
+        pytest.skip("the native module luminamoon._luminav is not built")
+    import torch
+
+    from luminamoon.demo import available_backends
+
+    assert available_backends(torch.device("cpu"), None)[0] == "cpu"
+    names = {r["name"] for r in quick_demo[2] if r["kind"] == "step_time"}
+    assert "LuminaMoon cpu" in names, names

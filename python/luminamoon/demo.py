@@ -567,7 +567,7 @@ def available_backends(device, aot_bundle: Optional[str]) -> List[str]:
             names.append("aot")
     elif device.type == "cpu":
         try:
-            from .optimizer import native  # noqa: F401  (the compiled engine)
+            from .optimizer.backends import native  # noqa: F401  (the compiled engine)
 
             names.append("cpu")
         except ImportError:
