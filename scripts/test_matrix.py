@@ -82,6 +82,9 @@ def _log(msg: str) -> None:
 def _pip_env(pair: Optional["Pair"] = None, work: Optional[Path] = None) -> Dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
+    # pip's own cache would keep a second copy of every pair's ~3 GB of CUDA wheels until the
+    # disk is full; the wheelhouses below are the cache (see Prefetch)
+    env["PIP_NO_CACHE_DIR"] = "1"
     if pair is not None and pair.above_pip_cap and work is not None:
         # This kind of machine caps pip at torch 2.14.1 (/etc/xdg/pip); for this pair's own
         # downloads and installs the constraint file is replaced by an empty one.
@@ -96,11 +99,20 @@ def _requirements(pair: Pair) -> List[str]:
     return [f"torch=={pair.torch}", *pair.pins, *numpy, *TEST_REQUIREMENTS]
 
 
-class Prefetch:
-    """``pip download`` of one pair's wheels into its wheelhouse, in a background thread."""
+# Wheels of at most this size are kept in the shared wheelhouse after a pair installed them
+# (pytest, numpy, sympy, ...: what pairs share); torch, Triton and the nvidia packages, which
+# differ from release to release, are deleted once installed.
+SHARED_WHEEL_MAX_BYTES = 64 << 20
+DOWNLOAD_TIMEOUT_S = 1200
+TEST_TIMEOUT_S = 240  # one test's limit in a pair (pytest-timeout)
 
-    def __init__(self, pair: Pair, wheelhouse: Path, python: str):
-        self.pair, self.wheelhouse, self.python = pair, wheelhouse, python
+
+class Prefetch:
+    """``pip download`` of one pair's wheels into its wheelhouse, in a background thread;
+    wheels the shared wheelhouse already holds are copied from there, not downloaded again."""
+
+    def __init__(self, pair: Pair, wheelhouse: Path, python: str, shared: Path):
+        self.pair, self.wheelhouse, self.python, self.shared = pair, wheelhouse, python, shared
         self.returncode: Optional[int] = None
         self.output = ""
         self.seconds = 0.0
@@ -110,16 +122,33 @@ class Prefetch:
     def _run(self) -> None:
         t0 = time.monotonic()
         self.wheelhouse.mkdir(parents=True, exist_ok=True)
+        self.shared.mkdir(parents=True, exist_ok=True)
         cmd = [self.python, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-               "-d", str(self.wheelhouse), *_requirements(self.pair)]
-        proc = subprocess.run(cmd, env=_pip_env(self.pair, self.wheelhouse.parent),
-                              stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-        self.returncode, self.output = proc.returncode, proc.stdout
+               "--find-links", str(self.shared), "-d", str(self.wheelhouse),
+               *_requirements(self.pair)]
+        try:
+            proc = subprocess.run(cmd, env=_pip_env(self.pair, self.wheelhouse.parent),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  timeout=DOWNLOAD_TIMEOUT_S)
+            self.returncode, self.output = proc.returncode, proc.stdout
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            self.returncode = -1
+            self.output = out + f"\nerror: download timed out after {DOWNLOAD_TIMEOUT_S} s\n"
         self.seconds = time.monotonic() - t0
 
     def wait(self) -> None:
         self.thread.join()
+
+    def release(self) -> None:
+        """After the install: the small wheels move to the shared wheelhouse, the rest go."""
+        if self.wheelhouse.is_dir():
+            for whl in self.wheelhouse.iterdir():
+                if whl.suffix == ".whl" and whl.stat().st_size <= SHARED_WHEEL_MAX_BYTES:
+                    dest = self.shared / whl.name
+                    if not dest.exists():
+                        shutil.move(str(whl), dest)
+        shutil.rmtree(self.wheelhouse, ignore_errors=True)
 
 
 @dataclass
@@ -133,6 +162,7 @@ class Result:
     errors: int = 0
     seconds: float = 0.0
     install_seconds: float = 0.0
+    download_seconds: float = 0.0
     trailing_scratch: Optional[int] = None
     detail: str = ""
 
@@ -165,27 +195,56 @@ def _junit_counts(path: Path) -> Dict[str, int]:
 
 
 def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: float,
-             keep_bundles: Optional[Path]) -> Result:
+             keep_bundles: Optional[Path], on_installed=lambda: None) -> Result:
+    """Installs and tests one pair. The time limit counts from the end of its download (which
+    ran while the pair before was tested); ``on_installed`` is called once its wheelhouse is
+    gone (the next pair's download starts then, so at most one pair's wheels and one venv are on
+    disk). Whatever way it ends, its venv, caches and temporary files are removed."""
     res = Result(pair)
-    t0 = time.monotonic()
-    deadline = t0 + timeout
     log = work / f"torch-{pair.torch}.log"
     log.write_text(f"{pair.name}\n")
     venv = work / "venv"
-    shutil.rmtree(venv, ignore_errors=True)
+    scratch = [venv, work / f"triton-cache-{pair.torch}", work / f"inductor-cache-{pair.torch}",
+               work / f"pytest-tmp-{pair.torch}", work / f"bundle-torch-{pair.torch}"]
+    for d in scratch:
+        shutil.rmtree(d, ignore_errors=True)
+    t_wait = time.monotonic()
     prefetch.wait()
-    with open(log, "a") as fh:
-        fh.write(prefetch.output)
-    if prefetch.returncode != 0:
-        res.status, res.detail = "install failed", _last_error(prefetch.output)
-        res.seconds = time.monotonic() - t0
+    res.download_seconds = prefetch.seconds
+    try:
+        with open(log, "a") as fh:
+            fh.write(prefetch.output)
+            fh.write(f"[download {prefetch.seconds:.0f} s, waited {time.monotonic() - t_wait:.0f}"
+                     f" s; {_free_gb(work):.1f} GB free]\n")
+        t0 = time.monotonic()
+        if prefetch.returncode != 0:
+            res.status, res.detail = "install failed", _last_error(prefetch.output)
+            return res
+        _pair_body(res, pair, prefetch, wheel, work, t0 + timeout, keep_bundles, log, venv,
+                   lambda: (prefetch.release(), on_installed()))
         return res
+    finally:
+        prefetch.release()  # a no-op when the install released it
+        for d in scratch:
+            shutil.rmtree(d, ignore_errors=True)
+        res.seconds = time.monotonic() - t_wait
+
+
+def _free_gb(path: Path) -> float:
+    return shutil.disk_usage(path).free / 2**30
+
+
+def _pair_body(res: Result, pair: Pair, prefetch: Prefetch, wheel: Path, work: Path,
+               deadline: float, keep_bundles: Optional[Path], log: Path, venv: Path,
+               installed) -> None:
+    t0 = time.monotonic()
     env = _pip_env(pair, work)
     py = venv / "bin" / "python"
     steps = [
         [sys.executable, "-m", "venv", str(venv)],
         [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
-         "--find-links", str(prefetch.wheelhouse), *_requirements(pair)],
+         "--find-links", str(prefetch.wheelhouse), "--find-links", str(prefetch.shared),
+         *_requirements(pair)],
         [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
          str(wheel)],
     ]
@@ -194,9 +253,8 @@ def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: f
         if rc != 0:
             res.status = "timeout" if rc is None else "install failed"
             res.detail = _last_error(log.read_text())
-            res.seconds = time.monotonic() - t0
-            return res
-    shutil.rmtree(prefetch.wheelhouse, ignore_errors=True)  # installed: the space is needed
+            return
+    installed()  # the wheels are installed: their space is needed for the next pair's
     res.install_seconds = time.monotonic() - t0
     probe = subprocess.run(
         [str(py), "-c", "import json, numpy, torch, triton, luminamoon; print(json.dumps({"
@@ -205,28 +263,30 @@ def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: f
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
     if probe.returncode != 0:
         res.status, res.detail = "failed", _last_error(probe.stdout)
-        res.seconds = time.monotonic() - t0
-        return res
+        return
     res.versions = json.loads(probe.stdout.strip().splitlines()[-1])
     if not res.versions["triton"].startswith(pair.triton + "."):
         res.status = "failed"
         res.detail = f"torch {pair.torch} brought Triton {res.versions['triton']}, not {pair.triton}"
-        res.seconds = time.monotonic() - t0
-        return res
+        return
 
     # 1. the suite
     junit = work / f"torch-{pair.torch}.xml"
     # its own Triton cache: compiled kernels of other releases (other pairs, the main suite)
     # never meet this one's
     test_env = dict(env, LUMINAMOON_REQUIRE_NATIVE="1",
-                    TRITON_CACHE_DIR=str(work / f"triton-cache-{pair.torch}"))
+                    TRITON_CACHE_DIR=str(work / f"triton-cache-{pair.torch}"),
+                    TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor-cache-{pair.torch}"))
     test_env.pop("TRITON_INTERPRET", None)
     rc = _run([py, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--rootdir", ROOT,
                "-c", ROOT / "pyproject.toml", f"--junitxml={junit}",
-               # the C/C++ install links no torch: make test runs it once; the FSDP2+TP
-               # example's three torchrun launches of four ranks run in make test, its
-               # placements in every pair through test_dist_wrappers.py
-               "--ignore=test_cmake_install.py",
+               f"--basetemp={work / f'pytest-tmp-{pair.torch}'}",
+               # a test that hangs fails alone, with its stack, and the pair goes on
+               f"--timeout={TEST_TIMEOUT_S}",
+               # make test runs these once: the C/C++ install and the bundle rule book link
+               # no torch and no Triton; the FSDP2+TP example's three torchrun launches of four
+               # ranks (its placements run in every pair through test_dist_wrappers.py)
+               "--ignore=test_cmake_install.py", "--ignore=test_bundle_rules.py",
                "--deselect=test_examples.py::test_fsdp_tp_trains_and_resumes_bitwise", "."],
               timeout=deadline - time.monotonic(), cwd=ROOT / "tests", env=test_env, log=log)
     if junit.exists():
@@ -275,10 +335,6 @@ def run_pair(pair: Pair, prefetch: Prefetch, wheel: Path, work: Path, timeout: f
         shutil.rmtree(bundle, ignore_errors=True)
     if res.status == "not run":
         res.status = "ok"
-    shutil.rmtree(venv, ignore_errors=True)
-    shutil.rmtree(work / f"triton-cache-{pair.torch}", ignore_errors=True)
-    res.seconds = time.monotonic() - t0
-    return res
 
 
 def _last_error(text: str) -> str:
@@ -328,7 +384,8 @@ def write_summary(results: List[Result], out: Path) -> None:
                        status=r.status, versions=r.versions, passed=r.passed,
                        failed=r.failed + r.errors, skipped=r.skipped,
                        trailing_scratch=r.trailing_scratch, seconds=round(r.seconds, 1),
-                       install_seconds=round(r.install_seconds, 1), detail=r.detail)
+                       install_seconds=round(r.install_seconds, 1),
+                       download_seconds=round(r.download_seconds, 1), detail=r.detail)
                   for r in results],
     }
     (out / "summary.json").write_text(json.dumps(data, indent=1) + "\n")
@@ -416,28 +473,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         keep.mkdir(parents=True, exist_ok=True)
     wheel = args.wheel.resolve()
     houses = out / "wheelhouse"
+    shared = houses / "shared"
     results: List[Result] = []
     started = time.monotonic()
-    prefetch = Prefetch(wanted[0], houses / wanted[0].torch, sys.executable)
+    fetch = lambda pair: Prefetch(pair, houses / pair.torch, sys.executable, shared)
+    prefetch: Optional[Prefetch] = fetch(wanted[0])
     for i, pair in enumerate(wanted):
+        nxt = wanted[i + 1] if i + 1 < len(wanted) else None
         if args.deadline_min is not None and time.monotonic() - started > 60 * args.deadline_min:
             results.append(Result(pair, detail=f"not started: past --deadline-min "
                                   f"{args.deadline_min:g}"))
             _log(f"{pair.name}: not run (past --deadline-min {args.deadline_min:g})")
             write_summary(results, out)
             continue
-        _log(f"{pair.name}: installing")
-        current = prefetch
-        if i + 1 < len(wanted):  # the next pair downloads while this one is tested
-            current.wait()
-            prefetch = Prefetch(wanted[i + 1], houses / wanted[i + 1].torch, sys.executable)
-        res = run_pair(pair, current, wheel, out, args.timeout, keep)
+        if prefetch is None:
+            prefetch = fetch(pair)
+        _log(f"{pair.name}: downloading and installing ({_free_gb(out):.1f} GB free)")
+        current, prefetch = prefetch, None
+        started_next: List[Prefetch] = []
+        # the next pair downloads while this one is tested, once this one's wheels are gone
+        on_installed = (lambda: started_next.append(fetch(nxt))) if nxt else (lambda: None)
+        res = run_pair(pair, current, wheel, out, args.timeout, keep, on_installed)
+        prefetch = started_next[0] if started_next else None
         _log(f"{pair.name}: {res.status}, {res.passed} passed, {res.failed + res.errors} "
-             f"failed, {res.skipped} skipped in {res.seconds:.0f} s"
+             f"failed, {res.skipped} skipped in {res.seconds:.0f} s (download "
+             f"{res.download_seconds:.0f} s, install {res.install_seconds:.0f} s)"
              + (f" ({res.detail})" if res.detail else ""))
         results.append(res)
         write_summary(results, out)
-    prefetch.wait()
+    if prefetch is not None:
+        prefetch.wait()
     shutil.rmtree(houses, ignore_errors=True)
     print()
     print(_table(results))

@@ -187,3 +187,83 @@ def test_bad_input_is_refused_with_the_value():
         _luminav.GroupConfig(**dict(config, param_dtype=5))
     with pytest.raises(ValueError, match="lr must be finite in float32"):
         _luminav.CpuGroup(_luminav.GroupConfig(**config), []).pass2(1e39, 0, 0)
+
+
+# ---------------------------------------------------------------------------- vector widths
+_ISA_WORKER = r"""
+import hashlib, sys, torch
+from luminamoon.optimizer import LuminaMoon
+import luminamoon._luminav as lv
+print("isa", lv.cpu_isa())
+gen = torch.Generator().manual_seed(7)
+shapes = [(257, 33), (4099,), (8, 8, 9), (1,), (70001,)]
+configs = [
+    dict(dtype=torch.float32, state_dtype=torch.float32, clip=4.0, bound_mode="none"),
+    dict(dtype=torch.float32, state_dtype=torch.float32, clip=0.0, bound_mode="none"),
+    dict(dtype=torch.bfloat16, state_dtype=torch.bfloat16, clip=2.0, bound_mode="rel"),
+    dict(dtype=torch.bfloat16, state_dtype=torch.float32, clip=1.0, bound_mode="abs"),
+    dict(dtype=torch.float16, state_dtype=torch.float32, clip=4.0, bound_mode="none"),
+]
+for i, c in enumerate(configs):
+    params = [(torch.randn(s, generator=gen) * 0.3).to(c["dtype"]).requires_grad_() for s in shapes]
+    opt = LuminaMoon(params, lr=1e-2, weight_decay=0.1, clip=c["clip"], bound_mode=c["bound_mode"],
+                     bound=0.05, state_dtype=c["state_dtype"], seed=11, backend="cpu")
+    for step in range(3):
+        for p in params:
+            g = torch.randn(p.shape, generator=gen) * (10.0 ** (step - 1))
+            g.view(-1)[:: 97] *= 1e3  # outliers: the clip's tanh saturates for some
+            p.grad = g.to(c["dtype"])
+        opt.step()
+    h = hashlib.sha256()
+    for p in params:
+        st = opt.state[p]
+        for t in (p.detach(), st["exp_avg"], st["exp_avg_sq"]):
+            h.update(t.contiguous().view(torch.uint8 if t.dtype == torch.float32 else torch.int16).numpy().tobytes())
+    print("config", i, h.hexdigest())
+"""
+
+
+def _isa_run(isa):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("LUMINAV_CPU_ISA", None)
+    if isa is not None:
+        env["LUMINAV_CPU_ISA"] = isa
+    return subprocess.run([sys.executable, "-c", _ISA_WORKER], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_every_vector_width_stores_the_same_bits():
+    """The engine's loops run at the widest vector width the CPU has (AVX-512F, AVX2 or the
+    baseline); a result that depended on it would differ between machines. Every width this
+    machine has steps fp32, bf16 (stochastic rounding, bf16 and fp32 moments, bounds) and fp16
+    parameters through the clip's tanh three times; all store the same bits."""
+    widest = _luminav.cpu_isa() if "LUMINAV_CPU_ISA" not in __import__("os").environ else None
+    order = ["baseline", "avx2", "avx512"]
+    if widest is None:
+        pytest.skip("LUMINAV_CPU_ISA is set for this run")
+    widths = order[: order.index(widest) + 1]
+    outputs = {}
+    for isa in widths:
+        proc = _isa_run(isa)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = proc.stdout.splitlines()
+        assert lines[0] == f"isa {isa}"
+        outputs[isa] = [ln for ln in lines if ln.startswith("config")]
+        assert len(outputs[isa]) == 5
+    for isa in widths[1:]:
+        assert outputs[isa] == outputs["baseline"], f"{isa} differs from the baseline"
+
+
+def test_an_unknown_or_missing_vector_width_is_refused_with_the_value():
+    proc = _isa_run("avx1024")
+    assert proc.returncode != 0
+    assert "LUMINAV_CPU_ISA='avx1024' is not a vector width" in proc.stderr
+    assert "baseline, avx2 or avx512" in proc.stderr
+    if _luminav.cpu_isa() != "avx512":
+        proc = _isa_run("avx512")
+        assert proc.returncode != 0
+        assert "LUMINAV_CPU_ISA=avx512: this CPU's widest is" in proc.stderr

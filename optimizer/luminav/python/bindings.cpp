@@ -163,6 +163,10 @@ NB_MODULE(_luminav, m) {
   }, "dir"_a, "Loads and verifies <dir>/manifest.json and its cubins by the rule book (docs/bundle-format.md); "
                 "returns its content as a dict, or raises luminamoon.aot.BundleError.");
 
+  m.def("cpu_isa", [] { return luminav::cpu::cpu_isa_name(luminav::cpu::cpu_isa()); },
+        "Vector width of the CPU engine's loops: 'avx512', 'avx2' or 'baseline' (the widest this CPU has, or "
+        "$LUMINAV_CPU_ISA); every width gives the same bits.");
+
   // Random streams, for cross-checking against luminamoon.optimizer.rng.
   m.def("splitmix64", &luminav::cpu::splitmix64, "z"_a);
   m.def("stream_key", &luminav::cpu::stream_key, "seed"_a, "t"_a, "k"_a,

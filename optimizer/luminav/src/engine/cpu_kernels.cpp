@@ -11,19 +11,35 @@
 // back. Pass 1 writes one float32 partial per item; S_j combines the partials of tensor j in
 // index order, so it does not depend on the number of threads.
 //
-// errno is never read by the engine; without it GCC vectorises the sqrt loops.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-math-errno")
-#endif
+// Vector width: the tile loops are compiled three times on x86-64 (baseline SSE2, AVX2 and
+// AVX-512F) and each pass picks one at run time (cpu_isa()); every loop is elementwise IEEE
+// arithmetic without contraction (-ffp-contract=off), and the sums run in a fixed 16-lane
+// pattern, so the three give the same bits (tests/test_native_cpu.py compares them).
+//
+// errno is never read by the engine: the file is compiled with -fno-math-errno (CMakeLists.txt),
+// without which every sqrt loop keeps a branch and stays scalar.
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "engine/cpu_kernels.h"
 #include "engine/thread_pool.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define LV_TILE_INLINE inline __attribute__((always_inline))
+#else
+#define LV_TILE_INLINE inline
+#endif
+// x86-64 with GCC or clang: the passes are also compiled for AVX2 and AVX-512F (target attribute)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LV_X86_CLONES 1
+#else
+#define LV_X86_CLONES 0
+#endif
 
 namespace luminav {
 namespace cpu {
@@ -32,12 +48,12 @@ namespace {
 
 constexpr int kTile = 256;  // elements per tile buffer: 8 float buffers + 3 word buffers fit L1
 
-inline std::uint32_t f2u(float x) noexcept {
+LV_TILE_INLINE std::uint32_t f2u(float x) noexcept {
   std::uint32_t u;
   std::memcpy(&u, &x, 4);
   return u;
 }
-inline float u2f(std::uint32_t u) noexcept {
+LV_TILE_INLINE float u2f(std::uint32_t u) noexcept {
   float x;
   std::memcpy(&x, &u, 4);
   return x;
@@ -65,7 +81,7 @@ constexpr std::uint32_t kPhiloxRoundA = 0xD2511F53u;  // multiplier of counter w
 constexpr std::uint32_t kPhiloxRoundB = 0xCD9E8D57u;  // multiplier of counter word 2
 
 // The ten Philox4x32 rounds on counter (c0, c1, c2, c3) with key (k0, k1), in place.
-inline void philox_rounds(std::uint32_t& c0, std::uint32_t& c1, std::uint32_t& c2, std::uint32_t& c3,
+LV_TILE_INLINE void philox_rounds(std::uint32_t& c0, std::uint32_t& c1, std::uint32_t& c2, std::uint32_t& c3,
                           std::uint32_t k0, std::uint32_t k1) noexcept {
   for (int r = 0; r < 10; ++r) {
     const std::uint64_t pa = static_cast<std::uint64_t>(kPhiloxRoundA) * c0;
@@ -92,8 +108,9 @@ void philox4x32_10(std::uint32_t key0, std::uint32_t key1, const std::uint32_t c
   out[3] = c3;
 }
 
-void random_words(std::uint64_t key, std::int64_t first, std::int64_t count, std::uint32_t stream,
-                  std::uint32_t* out) noexcept {
+namespace {
+LV_TILE_INLINE void random_words_impl(std::uint64_t key, std::int64_t first, std::int64_t count,
+                                      std::uint32_t stream, std::uint32_t* out) noexcept {
   // Rounding stream format 2 (docs/tdclm.md): index i takes half h = i & 1 of word
   // w = (i >> 1) & 3 of Philox(counter = (lo32(j), hi32(j), stream, 0)), j = i >> 3. One Philox
   // call per group of eight: a partial group at either end, then whole groups in a loop the
@@ -150,28 +167,33 @@ void random_words(std::uint64_t key, std::int64_t first, std::int64_t count, std
     for (; i < end; ++i) out[i - first] = half(w, i);
   }
 }
+}  // namespace
+
+void random_words(std::uint64_t key, std::int64_t first, std::int64_t count, std::uint32_t stream,
+                  std::uint32_t* out) noexcept {
+  random_words_impl(key, first, count, stream, out);
+}
 
 // --------------------------------------------------------------------------------- conversions
 
-float bf16_to_float(std::uint16_t h) noexcept { return u2f(static_cast<std::uint32_t>(h) << 16); }
-
-std::uint16_t float_to_bf16_rne(float x) noexcept {
+namespace {
+LV_TILE_INLINE std::uint16_t bf16_rne(float x) noexcept {
   const std::uint32_t u = f2u(x);
   const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
   const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   return static_cast<std::uint16_t>(nan ? ((u >> 16) | 0x0040u) : rounded);
 }
 
-std::uint16_t float_to_bf16_sr(float x, std::uint32_t r) noexcept {
+LV_TILE_INLINE std::uint16_t bf16_sr(float x, std::uint32_t r) noexcept {
   const std::uint32_t u = f2u(x);
   const bool finite = (u & 0x7F800000u) != 0x7F800000u;
   const std::uint32_t sr = (u + (r & 0xFFFFu)) >> 16;
-  return finite ? static_cast<std::uint16_t>(sr) : float_to_bf16_rne(x);
+  return finite ? static_cast<std::uint16_t>(sr) : bf16_rne(x);
 }
 
 // Branch-free IEEE half conversions (round to nearest even), exact for every input including
 // subnormals, infinities and NaN; they rely only on float32 arithmetic in the default mode.
-float f16_to_float(std::uint16_t h) noexcept {
+LV_TILE_INLINE float f16_to_f32(std::uint16_t h) noexcept {
   const std::uint32_t w = static_cast<std::uint32_t>(h) << 16;
   const std::uint32_t sign = w & 0x80000000u;
   const std::uint32_t two_w = w + w;
@@ -182,7 +204,7 @@ float f16_to_float(std::uint16_t h) noexcept {
   return u2f(sign | bits);
 }
 
-std::uint16_t float_to_f16_rne(float x) noexcept {
+LV_TILE_INLINE std::uint16_t f32_to_f16(float x) noexcept {
   float base = (std::fabs(x) * 0x1.0p+112f) * 0x1.0p-110f;
   const std::uint32_t w = f2u(x);
   const std::uint32_t shl1_w = w + w;
@@ -196,6 +218,53 @@ std::uint16_t float_to_f16_rne(float x) noexcept {
   const std::uint32_t nonsign = exp_bits + mantissa_bits;
   return static_cast<std::uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
 }
+
+// tanh of a float32, evaluated in float64 and rounded once: 2|x| = k ln2 + r (|r| <= ln2/2),
+// expm1(2|x|) = 2^k (e^r - 1) + (2^k - 1) with e^r - 1 by its Taylor polynomial (error below
+// 2^-60), tanh = expm1 / (expm1 + 2). The float64 result is within ~2^-51 of tanh, so the
+// float32 one is the correctly rounded tanh but where tanh lies that close to a rounding
+// boundary. |x| is capped at 10 (tanh rounds to 1 from 9.01 on); NaN stays NaN, -0 stays -0.
+// Branch-free integer selects keep the loop that calls it one vector loop.
+LV_TILE_INLINE float tanh_f32(float xf) noexcept {
+  const double ax0 = std::fabs(static_cast<double>(xf));
+  const std::int64_t ab = __builtin_bit_cast(std::int64_t, ax0);
+  const std::int64_t cap = __builtin_bit_cast(std::int64_t, 10.0);
+  const double ax = __builtin_bit_cast(double, ab < cap ? ab : cap);  // NaN: restored below
+  const double y = 2.0 * ax;
+  const double shift = 0x1.8p52;  // y * log2(e) + shift: k in the low bits
+  const double ks = y * 0x1.71547652b82fep0 + shift;
+  const double k = ks - shift;
+  const double r = (y - k * 0x1.62e42fefa3800p-1) - k * 0x1.ef35793c76730p-45;  // ln2 hi, lo
+  double p = 1.0 / 6227020800.0;
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r;  // e^r - 1
+  const std::uint64_t scale_bits = (__builtin_bit_cast(std::uint64_t, ks) + 1023u) << 52;  // 2^k
+  const double scale = __builtin_bit_cast(double, scale_bits);
+  const double em1 = scale * p + (scale - 1.0);
+  const double t = em1 / (em1 + 2.0);
+  const std::uint32_t out = __builtin_bit_cast(std::uint32_t, std::copysign(static_cast<float>(t), xf));
+  const std::uint32_t nan = 0u - static_cast<std::uint32_t>((f2u(xf) & 0x7FFFFFFFu) > 0x7F800000u);
+  return __builtin_bit_cast(float, out | (nan & 0x7FC00000u));
+}
+}  // namespace
+
+float bf16_to_float(std::uint16_t h) noexcept { return u2f(static_cast<std::uint32_t>(h) << 16); }
+std::uint16_t float_to_bf16_rne(float x) noexcept { return bf16_rne(x); }
+std::uint16_t float_to_bf16_sr(float x, std::uint32_t r) noexcept { return bf16_sr(x, r); }
+float f16_to_float(std::uint16_t h) noexcept { return f16_to_f32(h); }
+std::uint16_t float_to_f16_rne(float x) noexcept { return f32_to_f16(x); }
+float tanh_float(float x) noexcept { return tanh_f32(x); }
 
 float bias_correction(float beta_f, std::int64_t t) noexcept {
   double base = static_cast<double>(beta_f);
@@ -213,7 +282,7 @@ namespace {
 
 // ----------------------------------------------------------------------------- tile load/store
 
-void load_tile(DType d, const void* base, std::int64_t off, int n, float* out) {
+LV_TILE_INLINE void load_tile(DType d, const void* base, std::int64_t off, int n, float* out) {
   switch (d) {
     case DType::kFloat32:
       std::memcpy(out, static_cast<const float*>(base) + off, sizeof(float) * n);
@@ -225,14 +294,14 @@ void load_tile(DType d, const void* base, std::int64_t off, int n, float* out) {
     }
     case DType::kFloat16: {
       const std::uint16_t* s = static_cast<const std::uint16_t*>(base) + off;
-      for (int i = 0; i < n; ++i) out[i] = f16_to_float(s[i]);
+      for (int i = 0; i < n; ++i) out[i] = f16_to_f32(s[i]);
       break;
     }
   }
 }
 
 // Store rounding to `d`: bf16 rounds stochastically with `words` when non-null.
-void store_tile(DType d, void* base, std::int64_t off, int n, const float* in,
+LV_TILE_INLINE void store_tile(DType d, void* base, std::int64_t off, int n, const float* in,
                 const std::uint32_t* words) {
   switch (d) {
     case DType::kFloat32:
@@ -241,34 +310,34 @@ void store_tile(DType d, void* base, std::int64_t off, int n, const float* in,
     case DType::kBFloat16: {
       std::uint16_t* dst = static_cast<std::uint16_t*>(base) + off;
       if (words) {
-        for (int i = 0; i < n; ++i) dst[i] = float_to_bf16_sr(in[i], words[i]);
+        for (int i = 0; i < n; ++i) dst[i] = bf16_sr(in[i], words[i]);
       } else {
-        for (int i = 0; i < n; ++i) dst[i] = float_to_bf16_rne(in[i]);
+        for (int i = 0; i < n; ++i) dst[i] = bf16_rne(in[i]);
       }
       break;
     }
     case DType::kFloat16: {
       std::uint16_t* dst = static_cast<std::uint16_t*>(base) + off;
-      for (int i = 0; i < n; ++i) dst[i] = float_to_f16_rne(in[i]);
+      for (int i = 0; i < n; ++i) dst[i] = f32_to_f16(in[i]);
       break;
     }
   }
 }
 
 // Round in place to what `d` will store (step 3): the stored value is then exact.
-void round_tile(DType d, int n, float* x, const std::uint32_t* words) {
+LV_TILE_INLINE void round_tile(DType d, int n, float* x, const std::uint32_t* words) {
   switch (d) {
     case DType::kFloat32:
       break;
     case DType::kBFloat16:
       if (words) {
-        for (int i = 0; i < n; ++i) x[i] = u2f(static_cast<std::uint32_t>(float_to_bf16_sr(x[i], words[i])) << 16);
+        for (int i = 0; i < n; ++i) x[i] = u2f(static_cast<std::uint32_t>(bf16_sr(x[i], words[i])) << 16);
       } else {
-        for (int i = 0; i < n; ++i) x[i] = u2f(static_cast<std::uint32_t>(float_to_bf16_rne(x[i])) << 16);
+        for (int i = 0; i < n; ++i) x[i] = u2f(static_cast<std::uint32_t>(bf16_rne(x[i])) << 16);
       }
       break;
     case DType::kFloat16:
-      for (int i = 0; i < n; ++i) x[i] = f16_to_float(float_to_f16_rne(x[i]));
+      for (int i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
       break;
   }
 }
@@ -307,7 +376,7 @@ struct Tile {
 };
 
 // Steps 1-4 of docs/internals.md on one tile: g (loaded) -> m', v' (rounded), u.
-void moments_direction(const GroupConfig& cfg, const TensorConsts& c, std::int64_t global_first,
+LV_TILE_INLINE void moments_direction(const GroupConfig& cfg, const TensorConsts& c, std::int64_t global_first,
                        int n, Tile& t) {
   float* __restrict g = t.g;
   float* __restrict m = t.m;
@@ -321,15 +390,15 @@ void moments_direction(const GroupConfig& cfg, const TensorConsts& c, std::int64
     v[i] = c.beta2 * v[i] + c.one_minus_beta2 * (g[i] * g[i]);
   }
   // 3. round moments to their storage dtype (streams 1 and 2)
-  if (c.state_words) random_words(c.key, global_first, n, 1u, t.w);
+  if (c.state_words) random_words_impl(c.key, global_first, n, 1u, t.w);
   round_tile(cfg.state_dtype, n, m, c.state_words ? t.w : nullptr);
-  if (c.state_words) random_words(c.key, global_first, n, 2u, t.w);
+  if (c.state_words) random_words_impl(c.key, global_first, n, 2u, t.w);
   round_tile(cfg.state_dtype, n, v, c.state_words ? t.w : nullptr);
   // 4. Adam direction
   for (int i = 0; i < n; ++i) u[i] = (m[i] * c.rbc1) / (std::sqrt(v[i] * c.rbc2) + c.eps);
 }
 
-bool tile_all_finite(const float* g, int n) {
+LV_TILE_INLINE bool tile_all_finite(const float* g, int n) {
   std::uint32_t bad = 0;
   for (int i = 0; i < n; ++i) bad |= static_cast<std::uint32_t>((f2u(g[i]) & 0x7F800000u) == 0x7F800000u);
   return bad == 0;
@@ -358,51 +427,265 @@ void for_items(const std::vector<std::int64_t>& starts, std::int64_t begin, std:
 
 }  // namespace
 
+// ------------------------------------------------------------------------------ vector width
+
+namespace {
+
+struct IsaChoice {
+  CpuIsa isa;
+  std::string error;  // non-empty: LUMINAV_CPU_ISA names a width this CPU lacks, or none
+};
+
+CpuIsa best_isa() noexcept {
+#if LV_X86_CLONES
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return CpuIsa::kAvx512;
+  if (__builtin_cpu_supports("avx2")) return CpuIsa::kAvx2;
+#endif
+  return CpuIsa::kBaseline;
+}
+
+IsaChoice choose_isa() {
+  const CpuIsa best = best_isa();
+  const char* env = std::getenv("LUMINAV_CPU_ISA");
+  if (!env || !*env) return {best, ""};
+  const std::string v(env);
+  CpuIsa want;
+  if (v == "baseline") {
+    want = CpuIsa::kBaseline;
+  } else if (v == "avx2") {
+    want = CpuIsa::kAvx2;
+  } else if (v == "avx512") {
+    want = CpuIsa::kAvx512;
+  } else {
+    return {best, "LUMINAV_CPU_ISA='" + v + "' is not a vector width: use baseline, avx2 or avx512, "
+                  "or unset it for the widest this CPU has (" + cpu_isa_name(best) + ")"};
+  }
+  if (static_cast<int>(want) > static_cast<int>(best))
+    return {best, "LUMINAV_CPU_ISA=" + v + ": this CPU's widest is " + cpu_isa_name(best) +
+                  "; ask for that or a narrower one, or unset it"};
+  return {want, ""};
+}
+
+const IsaChoice& isa_choice() {
+  static const IsaChoice choice = choose_isa();
+  return choice;
+}
+
+// What one range of work items of a pass reads and writes.
+struct Pass1Work {
+  const GroupConfig* cfg;
+  const TensorRow* rows;
+  const std::int64_t* starts;  // item_starts, n + 1 of them
+  std::size_t n;
+  const TensorConsts* consts;
+  float* partial;              // per item
+  std::uint8_t* bad;           // per item
+  bool need_sum;
+};
+
+struct Pass2Work {
+  const GroupConfig* cfg;
+  const TensorRow* rows;
+  const std::int64_t* starts;
+  std::size_t n;
+  const TensorConsts* consts;
+  const float* taus;
+  float lr;
+};
+
+// Row of work item `item`: the last j with starts[j] <= item (rows with no elements skipped).
+LV_TILE_INLINE std::size_t first_row(const std::int64_t* starts, std::size_t n, std::int64_t item) {
+  return static_cast<std::size_t>(std::upper_bound(starts, starts + n + 1, item) - starts - 1);
+}
+
+// Row of `item` and the element range it covers, walking j forward.
+LV_TILE_INLINE void locate(const std::int64_t* starts, const TensorRow* rows, std::int64_t item,
+                           std::size_t& j, std::int64_t& first, std::int64_t& count) {
+  while (starts[j + 1] <= item) ++j;
+  first = (item - starts[j]) * kChunk;
+  count = std::min<std::int64_t>(kChunk, rows[j].numel - first);
+}
+
+LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int64_t end) {
+  const GroupConfig& cfg = *w.cfg;
+  Tile tile;
+  std::size_t j = first_row(w.starts, w.n, begin);
+  for (std::int64_t item = begin; item < end; ++item) {
+    std::int64_t first = 0, count = 0;
+    locate(w.starts, w.rows, item, j, first, count);
+    const TensorRow& row = w.rows[j];
+    const TensorConsts& c = w.consts[j];
+    bool all_finite = true;
+    // Lane accumulators in a fixed pattern: the sum does not depend on the machine's vector width.
+    constexpr int kLanes = 16;
+    float lanes[kLanes] = {};
+    for (std::int64_t off = 0; off < count; off += kTile) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kTile, count - off));
+      const std::int64_t local = first + off;
+      load_tile(cfg.grad_dtype, row.grad, local, nt, tile.g);
+      all_finite = all_finite && tile_all_finite(tile.g, nt);
+      if (!w.need_sum) continue;
+      load_tile(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
+      load_tile(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
+      moments_direction(cfg, c, row.elem_offset + local, nt, tile);
+      int i = 0;
+      for (; i + kLanes <= nt; i += kLanes)
+        for (int l = 0; l < kLanes; ++l) lanes[l] += tile.u[i + l] * tile.u[i + l];
+      for (int l = 0; i < nt; ++i, ++l) lanes[l] += tile.u[i] * tile.u[i];
+    }
+    float s = 0.0f;
+    if (w.need_sum) {
+      for (int width = kLanes / 2; width >= 1; width /= 2)
+        for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+      s = lanes[0];
+    }
+    w.partial[item] = s;
+    w.bad[item] = all_finite ? 0 : 1;
+  }
+}
+
+LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int64_t end) {
+  const GroupConfig& cfg = *w.cfg;
+  const Hyper& h = cfg.hyper;
+  const bool use_clip = h.clip > 0;
+  const float wd = static_cast<float>(h.weight_decay);
+  const float bound = static_cast<float>(h.bound);
+  const int mode = static_cast<int>(h.bound_mode);
+  const float lr = w.lr;
+  Tile tile;
+  std::size_t j = first_row(w.starts, w.n, begin);
+  for (std::int64_t item = begin; item < end; ++item) {
+    std::int64_t first = 0, count = 0;
+    locate(w.starts, w.rows, item, j, first, count);
+    const TensorRow& row = w.rows[j];
+    const TensorConsts& c = w.consts[j];
+    const float tau = w.taus[j];
+    for (std::int64_t off = 0; off < count; off += kTile) {
+      const int nt = static_cast<int>(std::min<std::int64_t>(kTile, count - off));
+      const std::int64_t local = first + off;
+      const std::int64_t global_first = row.elem_offset + local;
+      load_tile(cfg.grad_dtype, row.grad, local, nt, tile.g);
+      load_tile(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
+      load_tile(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
+      load_tile(cfg.param_dtype, row.param, local, nt, tile.p);
+      moments_direction(cfg, c, global_first, nt, tile);
+      float* __restrict u = tile.u;
+      float* __restrict p = tile.p;
+      const float* __restrict p0 = tile.p0;
+      // 5. soft clip (pass 2 only)
+      if (use_clip) {
+        // tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads with nonfinite
+        // "propagate") gives NaN, as the kernels and the reference do
+        if (tau == 0.0f) {
+          for (int i = 0; i < nt; ++i) u[i] = 0.0f;
+        } else {
+          const float rtau = 1.0f / tau;
+          for (int i = 0; i < nt; ++i) u[i] = tau * tanh_f32(u[i] * rtau);
+        }
+      }
+      // 6. decoupled decay and step
+      const float decay = 1.0f - lr * wd;
+      for (int i = 0; i < nt; ++i) p[i] = p[i] * decay - lr * u[i];
+      // 7. bound (modes 1, 2)
+      if (mode != 0) {
+        load_tile(cfg.param_dtype, row.p_init, local, nt, tile.p0);
+        for (int i = 0; i < nt; ++i) {
+          const float r = mode == 1 ? bound : bound * std::sqrt(p0[i] * p0[i] + 1e-4f);
+          const float lo = p0[i] - r;
+          const float hi = p0[i] + r;
+          float q = p[i] < lo ? lo : p[i];
+          q = q > hi ? hi : q;
+          p[i] = q;
+        }
+      }
+      // 8. store p (stream 0), m, v, each rounded to its storage dtype
+      if (c.param_words) random_words_impl(c.key, global_first, nt, 0u, tile.w);
+      store_tile(cfg.param_dtype, row.param, local, nt, p, c.param_words ? tile.w : nullptr);
+      store_tile(cfg.state_dtype, row.exp_avg, local, nt, tile.m, nullptr);
+      store_tile(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v, nullptr);
+    }
+  }
+}
+
+// The same loops at each vector width.
+void pass1_baseline(const Pass1Work& w, std::int64_t b, std::int64_t e) { pass1_items(w, b, e); }
+void pass2_baseline(const Pass2Work& w, std::int64_t b, std::int64_t e) { pass2_items(w, b, e); }
+#if LV_X86_CLONES
+__attribute__((target("avx2"))) void pass1_avx2(const Pass1Work& w, std::int64_t b, std::int64_t e) {
+  pass1_items(w, b, e);
+}
+__attribute__((target("avx2"))) void pass2_avx2(const Pass2Work& w, std::int64_t b, std::int64_t e) {
+  pass2_items(w, b, e);
+}
+__attribute__((target("avx512f"))) void pass1_avx512(const Pass1Work& w, std::int64_t b, std::int64_t e) {
+  pass1_items(w, b, e);
+}
+__attribute__((target("avx512f"))) void pass2_avx512(const Pass2Work& w, std::int64_t b, std::int64_t e) {
+  pass2_items(w, b, e);
+}
+#endif
+
+template <class Work>
+using ItemsFn = void (*)(const Work&, std::int64_t, std::int64_t);
+
+template <class Work>
+ItemsFn<Work> pick(ItemsFn<Work> baseline, ItemsFn<Work> avx2, ItemsFn<Work> avx512) {
+  switch (cpu_isa()) {
+    case CpuIsa::kAvx512: return avx512 ? avx512 : baseline;
+    case CpuIsa::kAvx2: return avx2 ? avx2 : baseline;
+    case CpuIsa::kBaseline: break;
+  }
+  return baseline;
+}
+
+ItemsFn<Pass1Work> pass1_fn() {
+#if LV_X86_CLONES
+  return pick<Pass1Work>(pass1_baseline, pass1_avx2, pass1_avx512);
+#else
+  return pick<Pass1Work>(pass1_baseline, nullptr, nullptr);
+#endif
+}
+
+ItemsFn<Pass2Work> pass2_fn() {
+#if LV_X86_CLONES
+  return pick<Pass2Work>(pass2_baseline, pass2_avx2, pass2_avx512);
+#else
+  return pick<Pass2Work>(pass2_baseline, nullptr, nullptr);
+#endif
+}
+
+}  // namespace
+
+CpuIsa cpu_isa() {
+  const IsaChoice& c = isa_choice();
+  if (!c.error.empty()) throw Error(Status::kInvalidArgument, c.error);
+  return c.isa;
+}
+
+std::string cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kBaseline: break;
+  }
+  return "baseline";
+}
+
 // ----------------------------------------------------------------------------------- the passes
 
 void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float* stats,
            std::int32_t* found_inf, ThreadPool& pool) {
+  const auto run = pass1_fn();
   const std::vector<std::int64_t> starts = item_starts(rows, n);
   const std::int64_t items = starts[n];
   std::vector<float> partial(static_cast<std::size_t>(items), 0.0f);
   std::vector<std::uint8_t> bad(static_cast<std::size_t>(items), 0);
-  const bool need_sum = cfg.hyper.clip > 0;
   std::vector<TensorConsts> consts(n);
   for (std::size_t j = 0; j < n; ++j) consts[j] = tensor_consts(cfg, rows[j]);
-
-  pool.parallel_for(items, [&](std::int64_t begin, std::int64_t end) {
-    Tile tile;
-    for_items(starts, begin, end, rows, [&](std::size_t j, std::int64_t item, std::int64_t first, std::int64_t count) {
-      const TensorRow& row = rows[j];
-      const TensorConsts& c = consts[j];
-      bool all_finite = true;
-      // Lane accumulators in a fixed pattern: the sum does not depend on the machine's vector width.
-      constexpr int kLanes = 16;
-      float lanes[kLanes] = {};
-      for (std::int64_t off = 0; off < count; off += kTile) {
-        const int nt = static_cast<int>(std::min<std::int64_t>(kTile, count - off));
-        const std::int64_t local = first + off;
-        load_tile(cfg.grad_dtype, row.grad, local, nt, tile.g);
-        all_finite = all_finite && tile_all_finite(tile.g, nt);
-        if (!need_sum) continue;
-        load_tile(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
-        load_tile(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
-        moments_direction(cfg, c, row.elem_offset + local, nt, tile);
-        int i = 0;
-        for (; i + kLanes <= nt; i += kLanes)
-          for (int l = 0; l < kLanes; ++l) lanes[l] += tile.u[i + l] * tile.u[i + l];
-        for (int l = 0; i < nt; ++i, ++l) lanes[l] += tile.u[i] * tile.u[i];
-      }
-      float s = 0.0f;
-      if (need_sum) {
-        for (int width = kLanes / 2; width >= 1; width /= 2)
-          for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-        s = lanes[0];
-      }
-      partial[static_cast<std::size_t>(item)] = s;
-      bad[static_cast<std::size_t>(item)] = all_finite ? 0 : 1;
-    });
-  });
+  const Pass1Work work{&cfg, rows, starts.data(), n, consts.data(), partial.data(), bad.data(),
+                       cfg.hyper.clip > 0};
+  pool.parallel_for(items, [&](std::int64_t begin, std::int64_t end) { run(work, begin, end); });
 
   bool any_bad = false;
   for (std::size_t j = 0; j < n; ++j) {
@@ -422,6 +705,7 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
   const Hyper& h = cfg.hyper;
   const bool use_clip = h.clip > 0;
   if (use_clip && !stats) throw Error(Status::kInternal, "pass2 with clip > 0 needs pass 1's stats");
+  const auto run = pass2_fn();
   const std::vector<std::int64_t> starts = item_starts(rows, n);
   std::vector<TensorConsts> consts(n);
   std::vector<float> taus(n, 0.0f);
@@ -430,62 +714,8 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
     consts[j] = tensor_consts(cfg, rows[j]);
     if (use_clip) taus[j] = clip * std::sqrt(stats[j] / static_cast<float>(rows[j].global_numel));
   }
-  const float wd = static_cast<float>(h.weight_decay);
-  const float bound = static_cast<float>(h.bound);
-  const int mode = static_cast<int>(h.bound_mode);
-
-  pool.parallel_for(starts[n], [&](std::int64_t begin, std::int64_t end) {
-    Tile tile;
-    for_items(starts, begin, end, rows, [&](std::size_t j, std::int64_t, std::int64_t first, std::int64_t count) {
-      const TensorRow& row = rows[j];
-      const TensorConsts& c = consts[j];
-      const float tau = taus[j];
-      for (std::int64_t off = 0; off < count; off += kTile) {
-        const int nt = static_cast<int>(std::min<std::int64_t>(kTile, count - off));
-        const std::int64_t local = first + off;
-        const std::int64_t global_first = row.elem_offset + local;
-        load_tile(cfg.grad_dtype, row.grad, local, nt, tile.g);
-        load_tile(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
-        load_tile(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
-        load_tile(cfg.param_dtype, row.param, local, nt, tile.p);
-        moments_direction(cfg, c, global_first, nt, tile);
-        float* __restrict u = tile.u;
-        float* __restrict p = tile.p;
-        const float* __restrict p0 = tile.p0;
-        // 5. soft clip (pass 2 only)
-        if (use_clip) {
-          // tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads with nonfinite
-          // "propagate") gives NaN, as the kernels and the reference do
-          if (tau == 0.0f) {
-            for (int i = 0; i < nt; ++i) u[i] = 0.0f;
-          } else {
-            const float rtau = 1.0f / tau;
-            for (int i = 0; i < nt; ++i) u[i] = tau * std::tanh(u[i] * rtau);
-          }
-        }
-        // 6. decoupled decay and step
-        const float decay = 1.0f - lr * wd;
-        for (int i = 0; i < nt; ++i) p[i] = p[i] * decay - lr * u[i];
-        // 7. bound (modes 1, 2)
-        if (mode != 0) {
-          load_tile(cfg.param_dtype, row.p_init, local, nt, tile.p0);
-          for (int i = 0; i < nt; ++i) {
-            const float r = mode == 1 ? bound : bound * std::sqrt(p0[i] * p0[i] + 1e-4f);
-            const float lo = p0[i] - r;
-            const float hi = p0[i] + r;
-            float q = p[i] < lo ? lo : p[i];
-            q = q > hi ? hi : q;
-            p[i] = q;
-          }
-        }
-        // 8. store p (stream 0), m, v, each rounded to its storage dtype
-        if (c.param_words) random_words(c.key, global_first, nt, 0u, tile.w);
-        store_tile(cfg.param_dtype, row.param, local, nt, p, c.param_words ? tile.w : nullptr);
-        store_tile(cfg.state_dtype, row.exp_avg, local, nt, tile.m, nullptr);
-        store_tile(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v, nullptr);
-      }
-    });
-  });
+  const Pass2Work work{&cfg, rows, starts.data(), n, consts.data(), taus.data(), lr};
+  pool.parallel_for(starts[n], [&](std::int64_t begin, std::int64_t end) { run(work, begin, end); });
 }
 
 void commit(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, const std::int32_t* found_inf) {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "engine/engine.h"
 
@@ -16,6 +17,13 @@ class ThreadPool;  // engine/thread_pool.h
 
 // Elements per work item and per pass-1 partial sum. Fixed: S does not depend on threads.
 constexpr std::int64_t kChunk = 2048;
+
+// Vector width of the passes' loops: the widest this CPU has, or LUMINAV_CPU_ISA ("baseline",
+// "avx2", "avx512"; Error kInvalidArgument naming the value when it is not one or this CPU lacks
+// it). Every width gives the same bits.
+enum class CpuIsa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+CpuIsa cpu_isa();
+std::string cpu_isa_name(CpuIsa isa);
 
 // Pass 1 over a group: stats[j] = S_j (float32), *found_inf = 1 where a gradient element is
 // not finite (never lowered). Reads host memory only.
@@ -48,6 +56,9 @@ std::uint16_t float_to_bf16_rne(float x) noexcept;
 std::uint16_t float_to_bf16_sr(float x, std::uint32_t r) noexcept;
 float f16_to_float(std::uint16_t h) noexcept;
 std::uint16_t float_to_f16_rne(float x) noexcept;
+
+// tanh rounded once from float64 (the passes' soft clip): correctly rounded but within ~2^-51.
+float tanh_float(float x) noexcept;
 
 // Bias correction as internals.md: float32(1 - float64(beta_f)^t), binary exponentiation.
 float bias_correction(float beta_f, std::int64_t t) noexcept;

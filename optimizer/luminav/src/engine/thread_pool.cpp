@@ -18,44 +18,47 @@ ThreadPool::ThreadPool(int num_threads) {
     if (num_threads <= 0) num_threads = 1;
   }
   size_ = num_threads;
-  // The calling thread is worker 0; the pool holds the others.
-  for (int t = 1; t < size_; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
+  // The calling thread works too; the pool holds the others.
+  for (int t = 1; t < size_; ++t) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    stop_.store(true);
   }
   wake_.notify_all();
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::run_part(int t) {
-  const std::int64_t begin = job_n_ * t / size_;
-  const std::int64_t end = job_n_ * (t + 1) / size_;
-  if (begin >= end) return;
-  try {
-    (*job_)(begin, end);
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!error_) error_ = std::current_exception();
+void ThreadPool::run_blocks() {
+  for (;;) {
+    const std::int64_t begin = next_.fetch_add(block_, std::memory_order_relaxed);
+    if (begin >= job_n_) return;
+    const std::int64_t end = std::min(job_n_, begin + block_);
+    try {
+      (*job_)(begin, end);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
   }
 }
 
-void ThreadPool::worker_loop(int t) {
+void ThreadPool::worker_loop() {
   std::uint64_t seen = 0;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      wake_.wait(lock, [&] { return stop_.load(std::memory_order_acquire) ||
+                                    generation_.load(std::memory_order_acquire) != seen; });
     }
-    run_part(t);
-    {
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    run_blocks();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
+      done_.notify_one();
     }
   }
 }
@@ -72,16 +75,22 @@ void ThreadPool::parallel_for(std::int64_t n, const std::function<void(std::int6
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = &fn;
     job_n_ = n;
+    // a few blocks per thread, so a thread that starts late still gets its share
+    block_ = std::max<std::int64_t>(1, n / (4 * static_cast<std::int64_t>(size_)));
+    next_.store(0, std::memory_order_relaxed);
     error_ = nullptr;
-    pending_ = size_ - 1;
-    ++generation_;
+    pending_.store(size_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  run_part(0);
-  std::exception_ptr error;
+  run_blocks();
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
+    done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     job_ = nullptr;
     error = error_;
     error_ = nullptr;

@@ -1,6 +1,7 @@
 // src/engine/thread_pool.h: the CPU engine's fixed pool of worker threads
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -15,9 +16,11 @@ namespace cpu {
 
 class ThreadPool;
 
-// A fixed pool of worker threads; parallel_for splits [0, n) into contiguous ranges.
-// Work assignment never changes results: every reduction the engine does is over fixed
-// chunks combined in index order.
+// A fixed pool of worker threads; parallel_for hands out [0, n) in contiguous blocks, taken in
+// turn by whichever thread is free (the caller works too). Work assignment never changes
+// results: every reduction the engine does is over fixed chunks combined in index order.
+// (Workers sleep between jobs: spinning for the next one made a step slower where torch's own
+// OpenMP threads spin on the same cores after the backward pass.)
 std::shared_ptr<ThreadPool> make_thread_pool(int num_threads);  // <= 0: hardware_concurrency
 int thread_pool_size(const ThreadPool& pool);
 
@@ -29,13 +32,13 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return size_; }
-  // Calls fn(begin, end) on contiguous, disjoint ranges covering [0, n), one per thread, and
-  // returns when all are done; the first exception thrown by any range is rethrown here.
+  // Calls fn(begin, end) on contiguous, disjoint ranges covering [0, n), and returns when all
+  // are done; the first exception thrown by any range is rethrown here.
   void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn);
 
  private:
-  void worker_loop(int t);
-  void run_part(int t);
+  void worker_loop();
+  void run_blocks();
 
   int size_ = 1;
   std::vector<std::thread> workers_;
@@ -45,9 +48,11 @@ class ThreadPool {
   std::condition_variable done_;
   const std::function<void(std::int64_t, std::int64_t)>* job_ = nullptr;
   std::int64_t job_n_ = 0;
-  std::uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::int64_t block_ = 1;
+  std::atomic<std::int64_t> next_{0};        // first index not yet handed out
+  std::atomic<std::uint64_t> generation_{0};  // bumped (under mutex_) for every job
+  std::atomic<int> pending_{0};               // workers still in the current job
+  std::atomic<bool> stop_{false};
   std::exception_ptr error_;
 };
 
