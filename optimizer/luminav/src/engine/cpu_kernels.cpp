@@ -220,10 +220,10 @@ LV_TILE_INLINE std::uint16_t f32_to_f16(float x) noexcept {
 }
 
 // tanh of a float32, evaluated in float64 and rounded once: 2|x| = k ln2 + r (|r| <= ln2/2),
-// expm1(2|x|) = 2^k (e^r - 1) + (2^k - 1) with e^r - 1 by its Taylor polynomial (error below
-// 2^-60), tanh = expm1 / (expm1 + 2). The float64 result is within ~2^-51 of tanh, so the
-// float32 one is the correctly rounded tanh but where tanh lies that close to a rounding
-// boundary. |x| is capped at 10 (tanh rounds to 1 from 9.01 on); NaN stays NaN, -0 stays -0.
+// expm1(2|x|) = 2^k (e^r - 1) + (2^k - 1) with e^r - 1 by its Taylor polynomial to r^11 (the
+// rest below 2^-45 of it), tanh = expm1 / (expm1 + 2). The float64 result is within ~2^-44 of
+// tanh, so the float32 one is the correctly rounded tanh but where tanh lies that close to a
+// rounding boundary (none of the 19 million inputs test_cpu_math.cpp sweeps). |x| is capped at 10 (tanh rounds to 1 from 9.01 on); NaN stays NaN, -0 stays -0.
 // Branch-free integer selects keep the loop that calls it one vector loop.
 LV_TILE_INLINE float tanh_f32(float xf) noexcept {
   const double ax0 = std::fabs(static_cast<double>(xf));
@@ -235,9 +235,7 @@ LV_TILE_INLINE float tanh_f32(float xf) noexcept {
   const double ks = y * 0x1.71547652b82fep0 + shift;
   const double k = ks - shift;
   const double r = (y - k * 0x1.62e42fefa3800p-1) - k * 0x1.ef35793c76730p-45;  // ln2 hi, lo
-  double p = 1.0 / 6227020800.0;
-  p = p * r + 1.0 / 479001600.0;
-  p = p * r + 1.0 / 39916800.0;
+  double p = 1.0 / 39916800.0;
   p = p * r + 1.0 / 3628800.0;
   p = p * r + 1.0 / 362880.0;
   p = p * r + 1.0 / 40320.0;
@@ -324,24 +322,6 @@ LV_TILE_INLINE void store_tile(DType d, void* base, std::int64_t off, int n, con
   }
 }
 
-// Round in place to what `d` will store (step 3): the stored value is then exact.
-LV_TILE_INLINE void round_tile(DType d, int n, float* x, const std::uint32_t* words) {
-  switch (d) {
-    case DType::kFloat32:
-      break;
-    case DType::kBFloat16:
-      if (words) {
-        for (int i = 0; i < n; ++i) x[i] = u2f(static_cast<std::uint32_t>(bf16_sr(x[i], words[i])) << 16);
-      } else {
-        for (int i = 0; i < n; ++i) x[i] = u2f(static_cast<std::uint32_t>(bf16_rne(x[i])) << 16);
-      }
-      break;
-    case DType::kFloat16:
-      for (int i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
-      break;
-  }
-}
-
 // Per-tensor constants of one step.
 struct TensorConsts {
   float sign, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
@@ -372,30 +352,93 @@ TensorConsts tensor_consts(const GroupConfig& cfg, const TensorRow& row) {
 
 struct Tile {
   float g[kTile], m[kTile], v[kTile], u[kTile], p[kTile], p0[kTile];
-  std::uint32_t w[kTile];
+  std::uint32_t w[kTile], w1[kTile], w2[kTile];  // random words of streams 0, 1, 2
 };
 
-// Steps 1-4 of docs/internals.md on one tile: g (loaded) -> m', v' (rounded), u.
-LV_TILE_INLINE void moments_direction(const GroupConfig& cfg, const TensorConsts& c, std::int64_t global_first,
-                       int n, Tile& t) {
-  float* __restrict g = t.g;
-  float* __restrict m = t.m;
-  float* __restrict v = t.v;
-  float* __restrict u = t.u;
-  // 1. gradient, sign applied
-  for (int i = 0; i < n; ++i) g[i] = g[i] * c.sign;
-  // 2. moments
-  for (int i = 0; i < n; ++i) {
-    m[i] = c.beta1 * m[i] + c.one_minus_beta1 * g[i];
-    v[i] = c.beta2 * v[i] + c.one_minus_beta2 * (g[i] * g[i]);
+// How moments are rounded to their storage dtype (step 3).
+enum class StateRound { kNone, kBf16Rne, kBf16Sr, kF16Rne };
+
+StateRound state_round(const GroupConfig& cfg, const TensorConsts& c) {
+  switch (cfg.state_dtype) {
+    case DType::kFloat32: return StateRound::kNone;
+    case DType::kBFloat16: return c.state_words ? StateRound::kBf16Sr : StateRound::kBf16Rne;
+    case DType::kFloat16: break;
   }
-  // 3. round moments to their storage dtype (streams 1 and 2)
-  if (c.state_words) random_words_impl(c.key, global_first, n, 1u, t.w);
-  round_tile(cfg.state_dtype, n, m, c.state_words ? t.w : nullptr);
-  if (c.state_words) random_words_impl(c.key, global_first, n, 2u, t.w);
-  round_tile(cfg.state_dtype, n, v, c.state_words ? t.w : nullptr);
-  // 4. Adam direction
-  for (int i = 0; i < n; ++i) u[i] = (m[i] * c.rbc1) / (std::sqrt(v[i] * c.rbc2) + c.eps);
+  return StateRound::kF16Rne;
+}
+
+template <StateRound R>
+LV_TILE_INLINE float round_state(float x, std::uint32_t word) {
+  if constexpr (R == StateRound::kBf16Rne) return u2f(static_cast<std::uint32_t>(bf16_rne(x)) << 16);
+  if constexpr (R == StateRound::kBf16Sr) return u2f(static_cast<std::uint32_t>(bf16_sr(x, word)) << 16);
+  if constexpr (R == StateRound::kF16Rne) return f16_to_f32(f32_to_f16(x));
+  (void)word;
+  return x;
+}
+
+// An operand of a tile: float32 storage is used in place, other dtypes through a tile buffer.
+LV_TILE_INLINE const float* tile_in(DType d, const void* base, std::int64_t off, int n, float* buf) {
+  if (d == DType::kFloat32) return static_cast<const float*>(base) + off;
+  load_tile(d, base, off, n, buf);
+  return buf;
+}
+LV_TILE_INLINE float* tile_inout(DType d, void* base, std::int64_t off, int n, float* buf) {
+  if (d == DType::kFloat32) return static_cast<float*>(base) + off;
+  load_tile(d, base, off, n, buf);
+  return buf;
+}
+// Writes a tile operand back when it went through a buffer (float32 ones were written in place).
+LV_TILE_INLINE void tile_out(DType d, void* base, std::int64_t off, int n, const float* buf,
+                             const std::uint32_t* words) {
+  if (d != DType::kFloat32) store_tile(d, base, off, n, buf, words);
+}
+
+// Steps 1-4 of one element: g -> m', v' (rounded to their storage dtype) and u.
+template <StateRound R>
+LV_TILE_INLINE float moments_one(const TensorConsts& c, float g, float& m, float& v,
+                                 std::uint32_t w1, std::uint32_t w2) {
+  const float gi = g * c.sign;
+  const float mi = round_state<R>(c.beta1 * m + c.one_minus_beta1 * gi, w1);
+  const float vi = round_state<R>(c.beta2 * v + c.one_minus_beta2 * (gi * gi), w2);
+  m = mi;
+  v = vi;
+  return (mi * c.rbc1) / (std::sqrt(vi * c.rbc2) + c.eps);
+}
+
+// Pass 1's steps 1-4 in one loop: u of every element; the moments are not stored.
+template <StateRound R>
+LV_TILE_INLINE void direction_tile(const TensorConsts& c, int n, const float* __restrict g,
+                                   const float* __restrict m, const float* __restrict v,
+                                   float* __restrict u, const std::uint32_t* __restrict w1,
+                                   const std::uint32_t* __restrict w2) {
+  for (int i = 0; i < n; ++i) {
+    float mi = m[i], vi = v[i];
+    u[i] = moments_one<R>(c, g[i], mi, vi, R == StateRound::kBf16Sr ? w1[i] : 0u,
+                          R == StateRound::kBf16Sr ? w2[i] : 0u);
+  }
+}
+
+// Soft clip of step 5, as pass 2 applies it.
+enum class Clip { kOff, kTanh, kZero };
+
+// Pass 2's steps 1-6 in one loop: m and v updated in place, p <- p (1 - lr wd) - lr clip(u).
+template <StateRound R, Clip C>
+LV_TILE_INLINE void update_tile(const TensorConsts& c, int n, float tau, float decay, float lr,
+                                const float* __restrict g, float* __restrict m,
+                                float* __restrict v, float* __restrict p,
+                                const std::uint32_t* __restrict w1,
+                                const std::uint32_t* __restrict w2) {
+  const float rtau = C == Clip::kTanh ? 1.0f / tau : 0.0f;
+  for (int i = 0; i < n; ++i) {
+    float mi = m[i], vi = v[i];
+    float u = moments_one<R>(c, g[i], mi, vi, R == StateRound::kBf16Sr ? w1[i] : 0u,
+                             R == StateRound::kBf16Sr ? w2[i] : 0u);
+    if constexpr (C == Clip::kTanh) u = tau * tanh_f32(u * rtau);
+    if constexpr (C == Clip::kZero) u = 0.0f;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - lr * u;
+  }
 }
 
 LV_TILE_INLINE bool tile_all_finite(const float* g, int n) {
@@ -523,12 +566,22 @@ LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int
     for (std::int64_t off = 0; off < count; off += kTile) {
       const int nt = static_cast<int>(std::min<std::int64_t>(kTile, count - off));
       const std::int64_t local = first + off;
-      load_tile(cfg.grad_dtype, row.grad, local, nt, tile.g);
-      all_finite = all_finite && tile_all_finite(tile.g, nt);
+      const float* g = tile_in(cfg.grad_dtype, row.grad, local, nt, tile.g);
+      all_finite = all_finite && tile_all_finite(g, nt);
       if (!w.need_sum) continue;
-      load_tile(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
-      load_tile(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
-      moments_direction(cfg, c, row.elem_offset + local, nt, tile);
+      const float* m = tile_in(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
+      const float* v = tile_in(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
+      const std::int64_t global_first = row.elem_offset + local;
+      if (c.state_words) {
+        random_words_impl(c.key, global_first, nt, 1u, tile.w1);
+        random_words_impl(c.key, global_first, nt, 2u, tile.w2);
+      }
+      switch (state_round(cfg, c)) {
+        case StateRound::kNone: direction_tile<StateRound::kNone>(c, nt, g, m, v, tile.u, tile.w1, tile.w2); break;
+        case StateRound::kBf16Rne: direction_tile<StateRound::kBf16Rne>(c, nt, g, m, v, tile.u, tile.w1, tile.w2); break;
+        case StateRound::kBf16Sr: direction_tile<StateRound::kBf16Sr>(c, nt, g, m, v, tile.u, tile.w1, tile.w2); break;
+        case StateRound::kF16Rne: direction_tile<StateRound::kF16Rne>(c, nt, g, m, v, tile.u, tile.w1, tile.w2); break;
+      }
       int i = 0;
       for (; i + kLanes <= nt; i += kLanes)
         for (int l = 0; l < kLanes; ++l) lanes[l] += tile.u[i + l] * tile.u[i + l];
@@ -542,6 +595,28 @@ LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int
     }
     w.partial[item] = s;
     w.bad[item] = all_finite ? 0 : 1;
+  }
+}
+
+template <StateRound R>
+LV_TILE_INLINE void update_clip(Clip clip, const TensorConsts& c, int n, float tau, float decay,
+                                float lr, const float* g, float* m, float* v, float* p,
+                                const std::uint32_t* w1, const std::uint32_t* w2) {
+  switch (clip) {
+    case Clip::kOff: update_tile<R, Clip::kOff>(c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
+    case Clip::kTanh: update_tile<R, Clip::kTanh>(c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
+    case Clip::kZero: update_tile<R, Clip::kZero>(c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
+  }
+}
+
+LV_TILE_INLINE void update(StateRound r, Clip clip, const TensorConsts& c, int n, float tau,
+                           float decay, float lr, const float* g, float* m, float* v, float* p,
+                           const std::uint32_t* w1, const std::uint32_t* w2) {
+  switch (r) {
+    case StateRound::kNone: update_clip<StateRound::kNone>(clip, c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
+    case StateRound::kBf16Rne: update_clip<StateRound::kBf16Rne>(clip, c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
+    case StateRound::kBf16Sr: update_clip<StateRound::kBf16Sr>(clip, c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
+    case StateRound::kF16Rne: update_clip<StateRound::kF16Rne>(clip, c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
   }
 }
 
@@ -565,45 +640,39 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
       const int nt = static_cast<int>(std::min<std::int64_t>(kTile, count - off));
       const std::int64_t local = first + off;
       const std::int64_t global_first = row.elem_offset + local;
-      load_tile(cfg.grad_dtype, row.grad, local, nt, tile.g);
-      load_tile(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
-      load_tile(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
-      load_tile(cfg.param_dtype, row.param, local, nt, tile.p);
-      moments_direction(cfg, c, global_first, nt, tile);
-      float* __restrict u = tile.u;
-      float* __restrict p = tile.p;
-      const float* __restrict p0 = tile.p0;
-      // 5. soft clip (pass 2 only)
-      if (use_clip) {
-        // tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads with nonfinite
-        // "propagate") gives NaN, as the kernels and the reference do
-        if (tau == 0.0f) {
-          for (int i = 0; i < nt; ++i) u[i] = 0.0f;
-        } else {
-          const float rtau = 1.0f / tau;
-          for (int i = 0; i < nt; ++i) u[i] = tau * tanh_f32(u[i] * rtau);
-        }
+      const float* g = tile_in(cfg.grad_dtype, row.grad, local, nt, tile.g);
+      float* m = tile_inout(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
+      float* v = tile_inout(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
+      float* p = tile_inout(cfg.param_dtype, row.param, local, nt, tile.p);
+      if (c.state_words) {
+        random_words_impl(c.key, global_first, nt, 1u, tile.w1);
+        random_words_impl(c.key, global_first, nt, 2u, tile.w2);
       }
-      // 6. decoupled decay and step
+      // 1-6: moments, direction, soft clip (pass 2 only), decoupled decay and step. tau == 0
+      // (every u zero) gives 0; a NaN tau (non-finite grads with nonfinite "propagate") gives
+      // NaN, as the kernels and the reference do.
+      const Clip clip = !use_clip ? Clip::kOff : (tau == 0.0f ? Clip::kZero : Clip::kTanh);
       const float decay = 1.0f - lr * wd;
-      for (int i = 0; i < nt; ++i) p[i] = p[i] * decay - lr * u[i];
+      update(state_round(cfg, c), clip, c, nt, tau, decay, lr, g, m, v, p, tile.w1, tile.w2);
       // 7. bound (modes 1, 2)
       if (mode != 0) {
-        load_tile(cfg.param_dtype, row.p_init, local, nt, tile.p0);
+        const float* __restrict p0 = tile_in(cfg.param_dtype, row.p_init, local, nt, tile.p0);
+        float* __restrict q = p;
         for (int i = 0; i < nt; ++i) {
           const float r = mode == 1 ? bound : bound * std::sqrt(p0[i] * p0[i] + 1e-4f);
           const float lo = p0[i] - r;
           const float hi = p0[i] + r;
-          float q = p[i] < lo ? lo : p[i];
-          q = q > hi ? hi : q;
-          p[i] = q;
+          float x = q[i] < lo ? lo : q[i];
+          x = x > hi ? hi : x;
+          q[i] = x;
         }
       }
-      // 8. store p (stream 0), m, v, each rounded to its storage dtype
+      // 8. store p (stream 0), m, v, each rounded to its storage dtype (float32 ones are
+      // already in place)
       if (c.param_words) random_words_impl(c.key, global_first, nt, 0u, tile.w);
-      store_tile(cfg.param_dtype, row.param, local, nt, p, c.param_words ? tile.w : nullptr);
-      store_tile(cfg.state_dtype, row.exp_avg, local, nt, tile.m, nullptr);
-      store_tile(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v, nullptr);
+      tile_out(cfg.param_dtype, row.param, local, nt, p, c.param_words ? tile.w : nullptr);
+      tile_out(cfg.state_dtype, row.exp_avg, local, nt, m, nullptr);
+      tile_out(cfg.state_dtype, row.exp_avg_sq, local, nt, v, nullptr);
     }
   }
 }
