@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
@@ -622,12 +622,10 @@ def _check_notes(blob: bytes, index: int) -> None:
         p = end
 
 
-def _check_compat(blob: bytes, index: int) -> None:
-    """E29: .nv.compat holds whole records of a known format, each attribute once."""
-    def bad(msg: str) -> CubinError:
-        return CubinError("elf_section", f".nv.compat section {index}: {msg}")
-
-    seen = set()
+def _eiattr_records(blob: bytes, bad) -> Iterator[Tuple[int, int, bytes]]:
+    """(format, attribute, value) of each record of an .nv.info or .nv.compat section, each
+    whole (E29): a value is the 2 bytes of the header (NVAL, BVAL, HVAL) or the SVAL's payload.
+    ``bad(msg)`` makes the error, which names the record's offset."""
     p = 0
     while p < len(blob):
         if p + 4 > len(blob):
@@ -637,11 +635,22 @@ def _check_compat(blob: bytes, index: int) -> None:
             (size,) = struct.unpack_from("<H", blob, p + 2)
             if p + 4 + size > len(blob):
                 raise bad(f"attribute {attr:#x} at {p} of {size} bytes is cut short")
-            p += 4 + size
+            val, nxt = blob[p + 4:p + 4 + size], p + 4 + size
         elif fmt in (EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL):
-            p += 4
+            val, nxt = blob[p + 2:p + 4], p + 4
         else:
             raise bad(f"attribute {attr:#x} at {p} has format {fmt}")
+        yield fmt, attr, val
+        p = nxt
+
+
+def _check_compat(blob: bytes, index: int) -> None:
+    """E29: .nv.compat holds whole records of a known format, each attribute once."""
+    def bad(msg: str) -> CubinError:
+        return CubinError("elf_section", f".nv.compat section {index}: {msg}")
+
+    seen = set()
+    for _, attr, _ in _eiattr_records(blob, bad):
         if attr not in COMPAT_ATTRS or attr in seen:
             raise bad(f"attribute {attr:#x} is unknown or repeated")
         seen.add(attr)
@@ -656,22 +665,7 @@ def _read_nvinfo(blob: bytes, index: int, nsyms: int, code_size: Optional[int],
     cbank_param_size = param_cbank = reqntid = max_threads = None
     param_cbank_count = 0
     symbol_values: List[Tuple[int, int]] = []
-    p = 0
-    while p < len(blob):
-        if p + 4 > len(blob):
-            raise bad(f"a record at {p} is cut short")
-        fmt, attr = blob[p], blob[p + 1]
-        if fmt == EIFMT_SVAL:
-            (size,) = struct.unpack_from("<H", blob, p + 2)
-            if p + 4 + size > len(blob):
-                raise bad(f"attribute {attr:#x} at {p} of {size} bytes is cut short")
-            val = blob[p + 4:p + 4 + size]
-            p += 4 + size
-        elif fmt in (EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL):
-            val = blob[p + 2:p + 4]
-            p += 4
-        else:
-            raise bad(f"attribute {attr:#x} at {p} has format {fmt}")
+    for fmt, attr, val in _eiattr_records(blob, bad):
         if attr not in KNOWN_ATTRS:
             raise bad(f"attribute {attr:#x} is not one this reader knows")
         if not per_function and fmt == EIFMT_SVAL:
