@@ -57,7 +57,7 @@ std::uint16_t float_to_bf16_sr(float x, std::uint32_t r) noexcept;
 float f16_to_float(std::uint16_t h) noexcept;
 std::uint16_t float_to_f16_rne(float x) noexcept;
 
-// tanh rounded once from float64 (the passes' soft clip): correctly rounded but within ~2^-51.
+// The passes' soft-clip tanh: float32, within one ulp of tanh (see cpu_kernels.cpp).
 float tanh_float(float x) noexcept;
 
 // Bias correction as internals.md: float32(1 - float64(beta_f)^t), binary exponentiation.
