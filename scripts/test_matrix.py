@@ -433,10 +433,11 @@ README_END = "<!-- end of compatibility table -->"
 def readme_section(summary: dict) -> str:
     lines = [README_BEGIN, "",
              f"Run of {summary['date']} on {summary['machine']}, Python {summary['python']} "
-             f"(`make test-matrix`; every pair in a fresh virtual environment: the whole "
-             f"pytest suite on CPU, the Triton kernels under the interpreter, DTensor on two "
-             f"gloo ranks, and a bundle this Triton builds through `luminamoon aot build`, "
-             f"`inspect`, `verify` and `luminav verify`):", "",
+             f"(`make test-matrix`; every pair in a fresh virtual environment: the pytest "
+             f"suite on CPU but the three parts `make test` runs once, the Triton kernels "
+             f"under the interpreter, DTensor on two and four gloo ranks, and a bundle this "
+             f"Triton builds through `luminamoon aot build`, `inspect`, `verify` and "
+             f"`luminav verify`):", "",
              "| torch | Triton | numpy | result | tests passed / failed / skipped | "
              "trailing scratch pointers |",
              "|---|---|---|---|---|---|"]
