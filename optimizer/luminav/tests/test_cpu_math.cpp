@@ -9,20 +9,14 @@
 #include <string>
 
 #include "engine/cpu_kernels.h"
+#include "float_bits.h"
 
 namespace cpu = luminav::cpu;
 
+using luminav_test::bits;
+using luminav_test::from_bits;
+
 namespace {
-std::uint32_t bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-float from_bits(std::uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
 // tanh in long double (64-bit mantissa on x86-64; float64 elsewhere), rounded once to float32.
 float tanh_rounded(float x) { return static_cast<float>(std::tanh(static_cast<long double>(x))); }
 }  // namespace

@@ -9,22 +9,14 @@
 #include <vector>
 
 #include "engine/cpu_kernels.h"
+#include "float_bits.h"
 #include "engine/engine.h"
 
 namespace cpu = luminav::cpu;
 
-namespace {
-std::uint32_t bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-float from_bits(std::uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-}  // namespace
+using luminav_test::bits;
+using luminav_test::from_bits;
+
 
 class RngTest : public ::testing::Test {};
 

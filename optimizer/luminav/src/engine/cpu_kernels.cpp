@@ -225,16 +225,27 @@ std::vector<std::int64_t> item_starts(const TensorRow* rows, std::size_t n) {
   return starts;
 }
 
-// Calls fn(row, first, count) for every item of [begin, end).
+// Row of work item `item`: the last j with starts[j] <= item (rows with no elements skipped).
+LV_TILE_INLINE std::size_t first_row(const std::int64_t* starts, std::size_t n, std::int64_t item) {
+  return static_cast<std::size_t>(std::upper_bound(starts, starts + n + 1, item) - starts - 1);
+}
+
+// Row of `item` and the element range it covers, walking j forward.
+LV_TILE_INLINE void locate(const std::int64_t* starts, const TensorRow* rows, std::int64_t item,
+                           std::size_t& j, std::int64_t& first, std::int64_t& count) {
+  while (starts[j + 1] <= item) ++j;
+  first = (item - starts[j]) * kChunk;
+  count = std::min<std::int64_t>(kChunk, rows[j].numel - first);
+}
+
+// Calls fn(row, item, first, count) for every item of [begin, end).
 template <class Fn>
 void for_items(const std::vector<std::int64_t>& starts, std::int64_t begin, std::int64_t end,
                const TensorRow* rows, Fn&& fn) {
-  std::size_t j = static_cast<std::size_t>(
-      std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1);
+  std::size_t j = first_row(starts.data(), starts.size() - 1, begin);
   for (std::int64_t item = begin; item < end; ++item) {
-    while (starts[j + 1] <= item) ++j;
-    const std::int64_t first = (item - starts[j]) * kChunk;
-    const std::int64_t count = std::min<std::int64_t>(kChunk, rows[j].numel - first);
+    std::int64_t first = 0, count = 0;
+    locate(starts.data(), rows, item, j, first, count);
     fn(j, item, first, count);
   }
 }
@@ -307,19 +318,6 @@ struct Pass2Work {
   const float* taus;
   float lr;
 };
-
-// Row of work item `item`: the last j with starts[j] <= item (rows with no elements skipped).
-LV_TILE_INLINE std::size_t first_row(const std::int64_t* starts, std::size_t n, std::int64_t item) {
-  return static_cast<std::size_t>(std::upper_bound(starts, starts + n + 1, item) - starts - 1);
-}
-
-// Row of `item` and the element range it covers, walking j forward.
-LV_TILE_INLINE void locate(const std::int64_t* starts, const TensorRow* rows, std::int64_t item,
-                           std::size_t& j, std::int64_t& first, std::int64_t& count) {
-  while (starts[j + 1] <= item) ++j;
-  first = (item - starts[j]) * kChunk;
-  count = std::min<std::int64_t>(kChunk, rows[j].numel - first);
-}
 
 LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int64_t end) {
   const GroupConfig& cfg = *w.cfg;
