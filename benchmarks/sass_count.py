@@ -34,6 +34,17 @@ def _cuobjdump() -> str:
 _INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+([A-Z][A-Z0-9_.]*)")
 
 
+def registers(cubin: bytes) -> int:
+    """Registers a thread of the cubin's kernel uses (cuobjdump -res-usage)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(cubin)
+        fh.flush()
+        out = subprocess.run([_cuobjdump(), "-res-usage", fh.name], capture_output=True,
+                             text=True, check=True).stdout
+    m = re.search(r"REG:(\d+)", out)
+    return int(m.group(1)) if m else -1
+
+
 def count_sass(cubin: bytes) -> Counter:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
         fh.write(cubin)
@@ -81,18 +92,20 @@ def main(argv=None) -> int:
         total = sum(ops.values())
         per_thread = cx.get("BLOCK", 1024) // (32 * v.num_warps)
         rows.append((v.key(), total, total / (2 * per_thread), ops["IMAD"] + ops["IMUL"],
-                     ops["LOP3"], ops["SEL"] + ops["FSEL"]))
-    print(f"{'variant':44s} {'SASS':>6s} {'/elem':>7s} {'IMAD':>6s} {'LOP3':>6s} {'SEL':>5s}")
-    for key, total, per, imad, lop, sel in rows:
-        print(f"{key:44s} {total:6d} {per:7.1f} {imad:6d} {lop:6d} {sel:5d}")
+                     ops["LOP3"], ops["SEL"] + ops["FSEL"], registers(cubin)))
+    print(f"{'variant':44s} {'SASS':>6s} {'/elem':>7s} {'IMAD':>6s} {'LOP3':>6s} {'SEL':>5s} "
+          f"{'regs':>5s}")
+    for key, total, per, imad, lop, sel, regs in rows:
+        print(f"{key:44s} {total:6d} {per:7.1f} {imad:6d} {lop:6d} {sel:5d} {regs:5d}")
     if args.csv:
         new = not os.path.exists(args.csv)
         with open(args.csv, "a") as fh:
             if new:
-                fh.write("date,label,triton,arch,variant,sass,per_element,imad,lop3,sel\n")
-            for key, total, per, imad, lop, sel in rows:
+                fh.write("date,label,triton,arch,variant,sass,per_element,imad,lop3,sel,"
+                         "registers\n")
+            for key, total, per, imad, lop, sel, regs in rows:
                 fh.write(f"{datetime.date.today()},{args.label},{triton.__version__},{args.arch},"
-                         f"{key},{total},{per:.1f},{imad},{lop},{sel}\n")
+                         f"{key},{total},{per:.1f},{imad},{lop},{sel},{regs}\n")
     return 0
 
 

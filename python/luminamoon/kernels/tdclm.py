@@ -280,6 +280,21 @@ def _block_offsets(pid, block_start, BLOCK: tl.constexpr, VEC: tl.constexpr,
     return start, offs
 
 
+# The masked blocks of the kernels that draw rounding words (a tensor's last block, and every
+# block of a shard that starts inside a group of eight) run as a loop over sub-tiles of this
+# many elements: the registers a kernel gets are those of its heaviest branch, and these two,
+# done in one [BLOCK/8, 8] tile, took about twice the full block's (120 against 56 a thread
+# for bf16 params and moments: half the programs an SM holds). Elementwise, the same bits.
+SUB_BLOCK: tl.constexpr = tl.constexpr(128)
+
+
+@triton.jit
+def _sub_offsets(start, sub, SUB: tl.constexpr):
+    """int64 offsets of sub-tile ``sub`` of a block from ``start``: [SUB/8, 8], rows of eight."""
+    first = start + sub * SUB
+    return first, first + (tl.arange(0, SUB // 8)[:, None] * 8 + tl.arange(0, 8)[None, :])
+
+
 @triton.jit
 def _reduce_all(x, OP: tl.constexpr):
     """The sum (OP 0) or the max (OP 1) of a flat run or a tile, in a fixed order."""
@@ -370,6 +385,28 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr,
 
 
 @triton.jit
+def _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offset, found_inf,
+                     key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound,
+                     P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
+                     SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
+                     CHECK_FLAG: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+    """_pass2_elements over a masked block of a kernel that draws rounding words, SUB_BLOCK
+    elements at a time (the sub-tiles the block has elements in)."""
+    nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
+    sub = nsub * 0
+    while sub < nsub:  # (a while loop: the interpreter takes no tensor range() bound)
+        first, so = _sub_offsets(start, sub, SUB_BLOCK)
+        if CHECK_FLAG:
+            mask = (so < numel) & _step_applies(found_inf, so)
+        else:
+            mask = so < numel
+        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, so, mask, elem_offset + first, key,
+                        lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE,
+                        G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, ALIGNED)
+        sub += 1
+
+
+@triton.jit
 def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, beta1, beta2, eps,
                         weight_decay, clip, bound,
                         P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
@@ -427,17 +464,22 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     if SR:
         misaligned = elem_offset & 7
     if misaligned != 0:
-        # a shard that starts inside a group of eight: two Philox calls a row, masked accesses
-        mask = (offs < numel) & ok
-        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
-                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
-                        BOUND_MODE, USE_CLIP, 0)
+        # a shard that starts inside a group of eight: two Philox calls a row, masked accesses,
+        # in sub-tiles (SUB_BLOCK)
+        _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offset, found_inf,
+                         key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE,
+                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, BLOCK, 0)
     elif start + BLOCK <= numel:
         # a full block: the mask is uniform, so accesses stay 16-byte vectors
         mask = (tl.full(offs.shape, 1, tl.int1)) & ok
         _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
                         beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
                         BOUND_MODE, USE_CLIP, 1)
+    elif SR:
+        # the tensor's last block, in sub-tiles (SUB_BLOCK)
+        _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offset, found_inf,
+                         key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE,
+                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, BLOCK, 1)
     else:
         mask = (offs < numel) & ok
         _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
@@ -448,6 +490,28 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
 # ----------------------------------------------------------------------------------------------
 # Kernels (names and argument lists: docs/internals.md, "Kernels")
 # ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, table, row, step_addr, seed,
+                     param_index, sign, beta1, beta2, eps,
+                     G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
+                     NEED_SUM: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+    """_pass1_elements over a masked block of a kernel that draws rounding words, SUB_BLOCK
+    elements at a time; the sub-tiles' sums added in order."""
+    nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
+    s = nsub.to(tl.float32) * 0.0
+    bad = (nsub * 0).to(tl.int32)
+    sub = nsub * 0
+    while sub < nsub:  # (a while loop: the interpreter takes no tensor range() bound)
+        first, so = _sub_offsets(start, sub, SUB_BLOCK)
+        s_sub, bad_sub = _pass1_elements(g_ptr, m_ptr, v_ptr, so, so < numel, elem_offset + first,
+                                         table, row, step_addr, seed, param_index, sign, beta1,
+                                         beta2, eps, G_DTYPE, S_DTYPE, SR, NEED_SUM, ALIGNED)
+        s += s_sub
+        bad = tl.maximum(bad, bad_sub)
+        sub += 1
+    return s, bad
 
 
 @triton.jit(do_not_specialize=["seed"])
@@ -484,15 +548,19 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     if TILE:
         misaligned = elem_offset & 7
     if misaligned != 0:
-        mask = offs < numel
-        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
-                                 seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
-                                 NEED_SUM, 0)
+        # in sub-tiles, as pass 2 (SUB_BLOCK)
+        s, bad = _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, table, row,
+                                  step_addr, seed, param_index, sign, beta1, beta2, eps, G_DTYPE,
+                                  S_DTYPE, SR, NEED_SUM, BLOCK, 0)
     elif start + BLOCK <= numel:
         mask = tl.full(offs.shape, 1, tl.int1)
         s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
                                  seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
                                  NEED_SUM, 1)
+    elif TILE:
+        s, bad = _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, table, row,
+                                  step_addr, seed, param_index, sign, beta1, beta2, eps, G_DTYPE,
+                                  S_DTYPE, SR, NEED_SUM, BLOCK, 1)
     else:
         mask = offs < numel
         s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
