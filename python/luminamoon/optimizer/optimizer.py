@@ -124,21 +124,72 @@ def _not_traced(fn):
 
 _PROFILER_ENABLED = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
 _DATA_PTR = torch.Tensor.data_ptr
-_NUMEL = torch.Tensor.numel
-_IS_CONTIGUOUS = torch.Tensor.is_contiguous
 _STRIDE = torch.Tensor.stride
 _DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
 _GRAD = operator.attrgetter("grad")
 
+try:  # torch's own C++ check of tensors' dtype, device, sizes and strides (torch.compile's)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - depends on the torch build
+    _TensorGuards = None
+_GUARDS_WORK: Optional[bool] = None  # whether _TensorGuards passed _guards_work's probe
 
-def _layout_key(params: List[torch.Tensor], strided: bool) -> tuple:
-    """What a step checks of its parameters' layout besides their addresses (a p.data swapped
-    for another view of the same storage): element counts and contiguity, and the strides
-    where some are not contiguous. (A dtype seen through a new view shows in the gradients'
-    dtype, which torch keeps equal to the parameter's and the plan checks.)"""
-    if strided:
-        return tuple(map(_NUMEL, params)), tuple(map(_STRIDE, params))
-    return tuple(map(_NUMEL, params)), all(map(_IS_CONTIGUOUS, params))
+
+def _new_guards(tensors: List[torch.Tensor]):
+    """torch's TensorGuards over ``tensors`` as they are now (every size and stride static)."""
+    return _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                         dynamic_dims_strides=[list(t.stride()) for t in tensors])
+
+
+def _guards_work() -> bool:
+    """Whether this torch's TensorGuards tells apart every change _LayoutGuard must see (its
+    constructor and its checks are torch internals): probed once, on tensors made for it."""
+    global _GUARDS_WORK
+    if _GUARDS_WORK is None:
+        try:
+            base = torch.zeros(4, 6, dtype=torch.bfloat16)
+            guards = _new_guards([base])
+            _GUARDS_WORK = bool(guards.check(base)) and not any(
+                guards.check(t) for t in (base.view(6, 4), base[:2], base.t(),
+                                          base.view(torch.float16), base.float()))
+        except Exception:  # noqa: BLE001 - no TensorGuards, or one with another signature
+            _GUARDS_WORK = False
+    return _GUARDS_WORK
+
+
+class _LayoutGuard:
+    """What a step checks of a launch group's parameters besides their addresses (a p.data
+    swapped for another view of the same storage, or another tensor at the same address):
+    every parameter's dtype, shape and strides. One C++ call a step where torch's TensorGuards
+    works (it also sees requires_grad and the dispatch keys: a change there rebuilds the plan
+    too), else the three tuples compared in Python."""
+
+    __slots__ = ("guards", "key")
+
+    def __init__(self, tensors: List[torch.Tensor]):
+        self.guards = None
+        self.key = None
+        if tensors and _TensorGuards is not None and _guards_work():
+            try:
+                guards = _new_guards(tensors)
+                if guards.check(*tensors):
+                    self.guards = guards
+            except Exception:  # noqa: BLE001 - a tensor it cannot guard: the tuples then
+                pass
+        if self.guards is None:
+            self.key = _layout_key(tensors)
+
+    def holds(self, tensors: List[torch.Tensor]) -> bool:
+        """Whether every tensor has the dtype, shape and strides it had at construction."""
+        if self.guards is not None:
+            return self.guards.check(*tensors)
+        return _layout_key(tensors) == self.key
+
+
+def _layout_key(tensors: List[torch.Tensor]) -> tuple:
+    return (tuple(map(_DTYPE, tensors)), tuple(map(_SHAPE, tensors)),
+            tuple(map(_STRIDE, tensors)))
 
 
 class _Plan:
@@ -146,8 +197,8 @@ class _Plan:
 
     The plan stays valid while every param group holds the same parameter objects and
     hyperparameters (lr aside), the same parameters have gradients, and every parameter keeps
-    its storage address, element count, dtype and layout, and its gradient the plan's dtype and
-    a layout the plan can read.
+    its address, dtype, shape and strides, and its gradient the plan's dtype and a layout the
+    plan can read.
     """
 
     def __init__(self, groups: List[LaunchGroup], backends: List[Backend],
@@ -162,14 +213,14 @@ class _Plan:
         self.keys = keys  # per param group: _plan_key
         self.without_grad = without_grad  # parameters that had no gradient
         self.sharded = sharded  # any DTensor parameter: grads are read through their local shard
-        self.owner_ptrs, self.owner_shapes = [], []
+        self.owner_ptrs, self.owner_layouts = [], []
         for g, owners in zip(groups, grad_sources):
             # the addresses the backends read (param_ptrs: flat views or staging buffers where
             # a layout needs them), and the owners' own, checked every step
             g.param_ptrs = tuple(map(_DATA_PTR, g.params))
             local = [local_tensor(p) for p in owners] if sharded else owners
             self.owner_ptrs.append(tuple(map(_DATA_PTR, local)))
-            self.owner_shapes.append(_layout_key(local, g.modes is not None))
+            self.owner_layouts.append(_LayoutGuard(local))
 
     def release_grads(self) -> None:
         """Drops this step's gradients (and their addresses): none is kept alive between steps."""
@@ -410,14 +461,14 @@ class LuminaMoon(torch.optim.Optimizer):
                 if plan.sharded:
                     grads = [local_tensor(g) for g in grads]
                 if (tuple(map(_DATA_PTR, local)) != plan.owner_ptrs[i]
-                        or _layout_key(local, launch.modes is not None) != plan.owner_shapes[i]):
+                        or not plan.owner_layouts[i].holds(local)):
                     return False
                 if launch.modes is not None:
                     grads = launch_grads(launch, grads, owners)
                     if grads is None:
                         return False
                 grad_ptrs = tuple(map(_DATA_PTR, grads))
-            except (AttributeError, RuntimeError):
+            except (AttributeError, RuntimeError, TypeError):
                 return False
             taken.append((grads, grad_ptrs))
         for launch, (grads, grad_ptrs) in zip(plan.groups, taken):

@@ -1,0 +1,110 @@
+"""The step's plan check: a p.data swapped between steps for another tensor or view (another
+shape, dtype, strides, offset or storage) is seen before any launch, with the fast check
+(torch's TensorGuards) and with its Python fallback; an unchanged step keeps its plan."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import native_available
+from luminamoon import LuminaMoon
+from luminamoon.optimizer import optimizer as opt_module
+
+BACKENDS = ["reference"] + (["cpu"] if native_available() else [])
+
+
+@pytest.fixture(params=["guards", "python"])
+def check(request, monkeypatch):
+    """Runs a test with the TensorGuards check and again with the Python tuples."""
+    if request.param == "python":
+        monkeypatch.setattr(opt_module, "_TensorGuards", None)
+    elif not opt_module._guards_work():
+        pytest.skip("this torch's TensorGuards does not pass the probe (the tuples are used)")
+    return request.param
+
+
+def _stepped(p, backend, **kw):
+    opt = LuminaMoon([p], backend=backend, seed=2, **kw)
+    p.grad = torch.ones_like(p)
+    opt.step()
+    return opt
+
+
+def test_the_guard_probe_passes_on_this_torch():
+    assert opt_module._guards_work() == (opt_module._TensorGuards is not None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_unchanged_step_keeps_its_plan(backend, check):
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)  # a flat layout
+    strided = torch.nn.Parameter(torch.randn(6, 5).t())  # staged
+    params = [conv.weight, conv.bias, strided, torch.nn.Parameter(torch.randn(7))]
+    opt = LuminaMoon(params, backend=backend, seed=2)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    plan = opt._plan
+    layouts = plan.owner_layouts
+    assert all((g.guards is not None) == (check == "guards") for g in layouts)
+    for _ in range(2):
+        opt.step()
+        assert opt._plan is plan
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reshaped_view_of_the_same_memory_is_seen(backend, check):
+    p = torch.nn.Parameter(torch.randn(4, 6))
+    opt = _stepped(p, backend)
+    p.data = p.data.view(6, 4)  # same address, element count and contiguity
+    p.grad = torch.ones(6, 4)
+    with pytest.raises(ValueError, match=r"state 'exp_avg' has shape \(4, 6\) but the parameter "
+                                         r"has shape \(6, 4\)"):
+        opt.step()
+    assert int(opt.state[p]["step"]) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_as_another_dtype_of_the_same_size_is_seen(backend, check):
+    p = torch.nn.Parameter(torch.randn(4, 6).to(torch.bfloat16))
+    opt = _stepped(p, backend, stochastic_rounding=False)
+    plan = opt._plan
+    p.data = p.data.view(torch.float16)  # same address, shape and strides; the grad is kept
+    assert p.grad.dtype == torch.bfloat16
+    opt.step()
+    assert opt._plan is not plan
+    assert [g.param_dtype for g in opt._plan.groups] == [torch.float16]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_transposed_view_of_the_same_memory_is_seen(backend, check):
+    p = torch.nn.Parameter(torch.randn(5, 5))
+    opt = _stepped(p, backend)
+    plan = opt._plan
+    p.data = p.data.t()  # same address, shape and element count; other strides
+    p.grad = torch.ones(5, 5)
+    opt.step()
+    assert opt._plan is not plan and opt._plan.groups[0].modes is not None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_another_offset_of_the_same_storage_is_seen(backend, check):
+    base = torch.zeros(5, 6)
+    p = torch.nn.Parameter(base[0:4])
+    opt = _stepped(p, backend, weight_decay=0.0)
+    first = base.clone()
+    p.data = base[1:5]  # same shape and strides, one row further on
+    opt.step()
+    assert torch.equal(base[0], first[0])  # the old first row is left alone
+    assert not torch.equal(base[4], first[4])  # the new last row is stepped
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_another_storage_of_the_same_layout_is_seen(backend, check):
+    p = torch.nn.Parameter(torch.zeros(4, 6))
+    opt = _stepped(p, backend, weight_decay=0.0)
+    old = p.data
+    before = old.clone()
+    p.data = torch.zeros(4, 6)
+    opt.step()
+    assert torch.equal(old, before)  # the replaced tensor is not written
+    assert not torch.equal(p.detach(), torch.zeros(4, 6))
