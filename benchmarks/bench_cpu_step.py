@@ -5,10 +5,13 @@ AdamW on CPU, one optimizer step timed alone.
 Cases: the demo's model (`luminamoon demo`: a 2-layer GPT, 430k parameters in 29 tensors) and
 one tensor of --numel elements; fp32 and bf16 parameters. LuminaMoon runs as in training (TDCLM:
 clip 4, skip check, stochastic rounding for bf16) and in AdamW mode (clip 0, no skip check,
-round to nearest: torch AdamW's work). Before every step each parameter gets a fresh gradient
-tensor, made outside the timed region, as after ``zero_grad(set_to_none=True)`` and backward.
-Prints the median per case and, with --out, appends CSV rows. The engine's vector width is the
-widest this CPU has, or $LUMINAV_CPU_ISA.
+round to nearest: torch AdamW's work); with bf16 parameters also "pure bf16" (bf16 moments as
+well, stochastic rounding of weights and moments: five random streams a step). Before every step
+each parameter gets a fresh gradient tensor, made outside the timed region, as after
+``zero_grad(set_to_none=True)`` and backward. Prints the median per case and, with --out,
+appends CSV rows. The engine's vector width is the widest this CPU has, or $LUMINAV_CPU_ISA.
+With --reference, the one-tensor pure-bf16 case also runs on the reference backend (the Python
+oracle, --reference-steps steps) and the cpu engine's speed-up over it is printed.
 """
 from __future__ import annotations
 
@@ -52,6 +55,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default=None, help="CSV file to append to")
+    ap.add_argument("--reference", action="store_true",
+                    help="also time the reference backend on the one-tensor pure-bf16 case")
+    ap.add_argument("--reference-steps", type=int, default=5)
+    ap.add_argument("--only", default=None,
+                    help="run only the optimizers whose name contains this text")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.numel < 1:
         ap.error(f"--steps and --numel must be >= 1, got {args.steps} and {args.numel}")
@@ -65,6 +73,8 @@ def main(argv=None) -> int:
         ("LuminaMoon cpu", lambda ps: LuminaMoon(ps, backend="cpu")),
         ("LuminaMoon cpu, AdamW mode", lambda ps: LuminaMoon(
             ps, backend="cpu", clip=0.0, nonfinite="propagate", stochastic_rounding=False)),
+        ("LuminaMoon cpu, pure bf16", lambda ps: LuminaMoon(
+            ps, backend="cpu", state_dtype=torch.bfloat16)),
         ("torch AdamW fused", lambda ps: torch.optim.AdamW(ps, fused=True)),
         ("torch AdamW foreach", lambda ps: torch.optim.AdamW(ps, foreach=True)),
     ]
@@ -77,9 +87,25 @@ def main(argv=None) -> int:
     for label, shapes in cases:
         for dtype in (torch.float32, torch.bfloat16):
             for name, make in optimizers:
+                if "pure bf16" in name and dtype != torch.bfloat16:
+                    continue
+                if args.only and args.only not in name:
+                    continue
                 ms = _time_steps(make, shapes, dtype, args.steps, args.warmup)
                 rows.append((label, str(dtype).replace("torch.", ""), name, ms))
                 print(f"{label:28s} {rows[-1][1]:9s} {name:28s} {ms:9.3f} ms", flush=True)
+    if args.reference:
+        shapes = [(args.numel,)]
+        pure = {}
+        for backend in ("cpu", "reference"):
+            steps = args.steps if backend == "cpu" else args.reference_steps
+            make = (lambda b: lambda ps: LuminaMoon(ps, backend=b, state_dtype=torch.bfloat16))(backend)
+            pure[backend] = _time_steps(make, shapes, torch.bfloat16, steps, min(args.warmup, 2))
+            name = f"LuminaMoon {backend}, pure bf16"
+            rows.append((cases[1][0], "bfloat16", name, pure[backend]))
+            print(f"{cases[1][0]:28s} {'bfloat16':9s} {name:28s} {pure[backend]:9.3f} ms", flush=True)
+        print(f"pure bf16 with stochastic rounding, one tensor of {args.numel:,}: cpu engine "
+              f"{pure['reference'] / pure['cpu']:.2f}x the reference", flush=True)
     if args.out:
         new = not os.path.exists(args.out)
         with open(args.out, "a", newline="") as fh:
