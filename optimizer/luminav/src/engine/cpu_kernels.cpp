@@ -27,6 +27,7 @@
 
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_numerics.h"
+#include "engine/cpu_philox.h"
 #include "engine/thread_pool.h"
 
 // x86-64 with GCC or clang: the passes are also compiled for AVX2 and AVX-512F (target attribute)
@@ -140,8 +141,8 @@ StateRound state_round(const GroupConfig& cfg, const TensorConsts& c) {
 
 template <StateRound R>
 LV_TILE_INLINE float round_state(float x, std::uint32_t word) {
-  if constexpr (R == StateRound::kBf16Rne) return u2f(static_cast<std::uint32_t>(bf16_rne(x)) << 16);
-  if constexpr (R == StateRound::kBf16Sr) return u2f(static_cast<std::uint32_t>(bf16_sr(x, word)) << 16);
+  if constexpr (R == StateRound::kBf16Rne) return u2f(bf16_rne_bits(x));
+  if constexpr (R == StateRound::kBf16Sr) return u2f(bf16_sr_bits(x, word));
   if constexpr (R == StateRound::kF16Rne) return f16_to_f32(f32_to_f16(x));
   (void)word;
   return x;
@@ -307,6 +308,7 @@ struct Pass1Work {
   float* partial;              // per item
   std::uint8_t* bad;           // per item
   bool need_sum;
+  RandomWordsFn words;         // the rounding streams at this width (cpu_philox.h)
 };
 
 struct Pass2Work {
@@ -317,6 +319,7 @@ struct Pass2Work {
   const TensorConsts* consts;
   const float* taus;
   float lr;
+  RandomWordsFn words;
 };
 
 LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int64_t end) {
@@ -342,8 +345,8 @@ LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int
       const float* v = tile_in(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
       const std::int64_t global_first = row.elem_offset + local;
       if (c.state_words) {
-        random_words_impl(c.key, global_first, nt, 1u, tile.w1);
-        random_words_impl(c.key, global_first, nt, 2u, tile.w2);
+        w.words(c.key, global_first, nt, 1u, tile.w1);
+        w.words(c.key, global_first, nt, 2u, tile.w2);
       }
       switch (state_round(cfg, c)) {
         case StateRound::kNone: direction_tile<StateRound::kNone>(c, nt, g, m, v, tile.u, tile.w1, tile.w2); break;
@@ -414,8 +417,8 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
       float* v = tile_inout(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
       float* p = tile_inout(cfg.param_dtype, row.param, local, nt, tile.p);
       if (c.state_words) {
-        random_words_impl(c.key, global_first, nt, 1u, tile.w1);
-        random_words_impl(c.key, global_first, nt, 2u, tile.w2);
+        w.words(c.key, global_first, nt, 1u, tile.w1);
+        w.words(c.key, global_first, nt, 2u, tile.w2);
       }
       // 1-6: moments, direction, soft clip (pass 2 only), decoupled decay and step. tau == 0
       // (every u zero) gives 0; a NaN tau (non-finite grads with nonfinite "propagate") gives
@@ -438,7 +441,7 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
       }
       // 8. store p (stream 0), m, v, each rounded to its storage dtype (float32 ones are
       // already in place)
-      if (c.param_words) random_words_impl(c.key, global_first, nt, 0u, tile.w);
+      if (c.param_words) w.words(c.key, global_first, nt, 0u, tile.w);
       tile_out(cfg.param_dtype, row.param, local, nt, p, c.param_words ? tile.w : nullptr);
       tile_out(cfg.state_dtype, row.exp_avg, local, nt, m, nullptr);
       tile_out(cfg.state_dtype, row.exp_avg_sq, local, nt, v, nullptr);
@@ -522,7 +525,7 @@ void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float* 
   std::vector<TensorConsts> consts(n);
   for (std::size_t j = 0; j < n; ++j) consts[j] = tensor_consts(cfg, rows[j]);
   const Pass1Work work{&cfg, rows, starts.data(), n, consts.data(), partial.data(), bad.data(),
-                       cfg.hyper.clip > 0};
+                       cfg.hyper.clip > 0, random_words_fn(cpu_isa())};
   pool.parallel_for(items, [&](std::int64_t begin, std::int64_t end) { run(work, begin, end); });
 
   bool any_bad = false;
@@ -552,7 +555,8 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
     consts[j] = tensor_consts(cfg, rows[j]);
     if (use_clip) taus[j] = clip * std::sqrt(stats[j] / static_cast<float>(rows[j].global_numel));
   }
-  const Pass2Work work{&cfg, rows, starts.data(), n, consts.data(), taus.data(), lr};
+  const Pass2Work work{&cfg, rows, starts.data(), n, consts.data(), taus.data(), lr,
+                       random_words_fn(cpu_isa())};
   pool.parallel_for(starts[n], [&](std::int64_t begin, std::int64_t end) { run(work, begin, end); });
 }
 

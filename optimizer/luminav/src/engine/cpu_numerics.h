@@ -109,18 +109,33 @@ LV_TILE_INLINE void random_words_impl(std::uint64_t key, std::int64_t first, std
     for (; i < end; ++i) out[i - first] = half(w, i);
   }
 }
-LV_TILE_INLINE std::uint16_t bf16_rne(float x) noexcept {
+// The bf16 roundings as the float32 bit pattern they give (the bf16 in the high half, the low half
+// zero): only 32-bit integer operations and selects, so the tile loops that round moments keep one
+// element width and vectorise at every ISA (AVX-512F has no 16-bit lanes). bf16_rne / bf16_sr are
+// its high half.
+LV_TILE_INLINE std::uint32_t bf16_rne_bits(float x) noexcept {
   const std::uint32_t u = f2u(x);
   const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return static_cast<std::uint16_t>(nan ? ((u >> 16) | 0x0040u) : rounded);
+  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  return nan ? ((u & 0xFFFF0000u) | 0x00400000u) : rounded;
 }
 
-LV_TILE_INLINE std::uint16_t bf16_sr(float x, std::uint32_t r) noexcept {
+// Finite x: the high half of u + (r & 0xFFFF). Infinity and NaN: what bf16_rne gives, which for
+// them is u's high half with NaN made quiet (0x0040), so no random bits are added.
+LV_TILE_INLINE std::uint32_t bf16_sr_bits(float x, std::uint32_t r) noexcept {
   const std::uint32_t u = f2u(x);
   const bool finite = (u & 0x7F800000u) != 0x7F800000u;
-  const std::uint32_t sr = (u + (r & 0xFFFFu)) >> 16;
-  return finite ? static_cast<std::uint16_t>(sr) : bf16_rne(x);
+  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  const std::uint32_t add = finite ? (r & 0xFFFFu) : 0u;
+  const std::uint32_t quiet = nan ? 0x00400000u : 0u;
+  return ((u + add) & 0xFFFF0000u) | quiet;
+}
+
+LV_TILE_INLINE std::uint16_t bf16_rne(float x) noexcept {
+  return static_cast<std::uint16_t>(bf16_rne_bits(x) >> 16);
+}
+LV_TILE_INLINE std::uint16_t bf16_sr(float x, std::uint32_t r) noexcept {
+  return static_cast<std::uint16_t>(bf16_sr_bits(x, r) >> 16);
 }
 
 // Branch-free IEEE half conversions (round to nearest even), exact for every input including
@@ -186,9 +201,13 @@ LV_TILE_INLINE float tanh_f32(float x) noexcept {
   const float er = (pe * r) * r + r + 1.0f;            // e^r
   const float scale = u2f((f2u(ks) + 127u) << 23);      // 2^k, k in [0, 29]
   const float large = 1.0f - 2.0f / (er * scale + 1.0f);
-  const float t = a < 0.625f ? small : large;
+  // Selected with an integer mask: a ?: of the two floats lets the compiler move each side under
+  // a branch, which then stays scalar wherever the division must not be speculated (no masked
+  // vector ops below AVX-512).
+  const std::uint32_t use_small = 0u - static_cast<std::uint32_t>(a < 0.625f);
+  const std::uint32_t t = (f2u(small) & use_small) | (f2u(large) & ~use_small);
   const std::uint32_t nan = 0u - static_cast<std::uint32_t>(ab0 > 0x7F800000u);
-  return u2f(f2u(t) | (xb & 0x80000000u) | (nan & 0x7FC00000u));
+  return u2f(t | (xb & 0x80000000u) | (nan & 0x7FC00000u));
 }
 
 }  // namespace numerics
