@@ -104,6 +104,14 @@ REDUCE_WARPS = 16
 # measured slower under a cap (fp32: 1810.7 vs 1808.7 us at 64; bf16 params with fp32 moments
 # and SR: 1869.6 vs 1748.8), so they keep the compiler's choice. A cap changes no arithmetic.
 SINGLE_PASS_16BIT_MAXNREG = 64
+# Register caps of the two passes when every element tensor they touch is 16-bit and bf16 stores
+# round stochastically (bf16 params and moments, clip > 0). Uncapped, ptxas gives pass 1 72
+# registers a thread (7 programs an SM) although it fits 48 with no spill (10 programs), and
+# pass 2 66 (64 fits, 8 programs). One 256M tensor, H200, torch 2.11, Triton 3.6, one call
+# (benchmarks/results/2026-12-01-h200-sr-caps.txt): the two-pass step 2141.0 us uncapped,
+# 2009.3 at (48, 64), 2008.0 at (56, 64), 2052.2 at (48, none), 2059.8 at (64, 64).
+SR_16BIT_PASS1_MAXNREG = 48
+SR_16BIT_MAXNREG = 64
 # Commit: one program; 1024 counters per chunk covers the 1000-tiny-tensor case in one pass.
 COMMIT_TBLOCK = 1024
 COMMIT_WARPS = 4
@@ -190,16 +198,17 @@ def variants_for(param_dtype, grad_dtype, state_dtype, flags: LaunchFlags) -> Di
     sr, bound_mode = int(flags.sr), int(flags.bound_mode)
     use_clip, check = int(flags.use_clip), int(flags.check)
     out: Dict[str, Variant] = {}
+    sr_16bit = bool(sr) and g != 0 and s != 0  # every tensor a pass touches 16-bit, and SR
     if flags.needs_pass1:
         out["pass1"] = _make_variant(
             "pass1", dict(G_DTYPE=g, S_DTYPE=s, SR=sr, NEED_SUM=use_clip, BLOCK=ELEMENTWISE_BLOCK),
-            ELEMENTWISE_WARPS)
+            ELEMENTWISE_WARPS, SR_16BIT_PASS1_MAXNREG if sr_16bit and use_clip else None)
         out["reduce"] = _make_variant(
             "reduce", dict(BLOCK=ELEMENTWISE_BLOCK, RBLOCK=REDUCE_RBLOCK), REDUCE_WARPS)
         out["pass2"] = _make_variant(
             "pass2", dict(P_DTYPE=p, G_DTYPE=g, S_DTYPE=s, SR=sr, BOUND_MODE=bound_mode,
                           USE_CLIP=use_clip, CHECK_FLAG=check, BLOCK=ELEMENTWISE_BLOCK),
-            ELEMENTWISE_WARPS)
+            ELEMENTWISE_WARPS, SR_16BIT_MAXNREG if sr_16bit and p != 0 else None)
     else:
         all_16bit = p != 0 and g != 0 and s != 0
         out["single_pass"] = _make_variant(
