@@ -8,6 +8,7 @@
 #   pytest    every test with the marker gpu (a test bundle of every variant for sm_90)
 #   bench     bench_step on both trees (each imports its own python/), the same cases, one run each
 #   sr        the stochastic-rounding modes beside the peers (.whl/: torchao, torch-optimi)
+#   host      bench_host_step on both trees: the host cost of a step of 1000 tiny tensors
 #   releases  luminav verify --require-gpu and selftest of bundles other Triton releases built
 #             (build/mxb/triton-*/, from the matrix's --keep-bundles or luminamoon aot build)
 #   packaging scripts/gpu/packaging.sh's aot and cold stages on the build above
@@ -51,6 +52,10 @@ if has sr; then
   TAILN=30 stage bench-sr ${SR_LIMIT:-150} env PYTHONPATH="$NEW:$PWD/build/gpu-site" python3 benchmarks/bench_step.py \
     --cases one-256M/bf16,gpt2-124m/bf16 --modes adamw,clip,adamw-bf16m,clip-bf16m,adamw-bf16m-rne \
     --impls luminamoon-triton,torch-adamw-fused,torchao-adamw-bf16sr,optimi-adamw --steps 10 --out "$OUT/bench-sr.csv"
+fi
+if has host; then
+  TAILN=5 stage host-new 100 python3 benchmarks/bench_host_step.py --backend triton --device cuda --tensors 1000 --modes adamw,clip,clip-rel --repeat 3 --src "$NEW"
+  TAILN=5 stage host-old 100 python3 benchmarks/bench_host_step.py --backend triton --device cuda --tensors 1000 --modes adamw,clip,clip-rel --repeat 3 --src .oldtree/python
 fi
 if has releases; then
   for b in build/mxb/triton-*/; do
