@@ -9,6 +9,7 @@
 #   bench     bench_step on both trees (each imports its own python/), the same cases, one run each
 #   sr        the stochastic-rounding modes beside the peers (.whl/: torchao, torch-optimi)
 #   host      bench_host_step on both trees: the host cost of a step of 1000 tiny tensors
+#   conv      bench_bf16_convergence: pure bf16 with stochastic rounding, nearest, fp32 (curves)
 #   releases  luminav verify --require-gpu and selftest of bundles other Triton releases built
 #             (build/mxb/triton-*/, from the matrix's --keep-bundles or luminamoon aot build)
 #   packaging scripts/gpu/packaging.sh's aot and cold stages on the build above
@@ -56,6 +57,9 @@ fi
 if has host; then
   TAILN=5 stage host-new 100 python3 benchmarks/bench_host_step.py --backend triton --device cuda --tensors 1000 --modes adamw,clip,clip-rel --repeat 3 --src "$NEW"
   TAILN=5 stage host-old 100 python3 benchmarks/bench_host_step.py --backend triton --device cuda --tensors 1000 --modes adamw,clip,clip-rel --repeat 3 --src .oldtree/python
+fi
+if has conv; then
+  TAILN=8 stage conv ${CONV_LIMIT:-240} env PYTHONPATH="$NEW" python3 benchmarks/bench_bf16_convergence.py --csv "$OUT/conv.csv"
 fi
 if has releases; then
   for b in build/mxb/triton-*/; do
