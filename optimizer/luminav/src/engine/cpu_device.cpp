@@ -41,16 +41,17 @@ class CpuDevice final : public Device {
   void step(std::vector<LaunchGroup>& groups, void*) override {
     std::int32_t found_inf = 0;
     std::vector<std::vector<float>> stats(groups.size());
+    if (caches_.size() != groups.size()) caches_.resize(groups.size());
     for (std::size_t i = 0; i < groups.size(); ++i) {
       auto& g = groups[i];
       if (!g.cfg.needs_pass1()) continue;
       stats[i].assign(g.rows.size(), 0.0f);
-      cpu::pass1(g.cfg, g.rows.data(), g.rows.size(), stats[i].data(), &found_inf, *pool_);
+      cpu::pass1(g.cfg, g.rows.data(), g.rows.size(), stats[i].data(), &found_inf, *pool_, &caches_[i]);
     }
     for (std::size_t i = 0; i < groups.size(); ++i) {
       auto& g = groups[i];
       cpu::pass2(g.cfg, g.rows.data(), g.rows.size(), g.lr, stats[i].empty() ? nullptr : stats[i].data(),
-                 &found_inf, *pool_);
+                 &found_inf, *pool_, &caches_[i]);
     }
     for (auto& g : groups) cpu::commit(g.cfg, g.rows.data(), g.rows.size(), &found_inf);
     skipped_ += found_inf;
@@ -60,6 +61,7 @@ class CpuDevice final : public Device {
 
  private:
   std::shared_ptr<cpu::ThreadPool> pool_;
+  std::vector<cpu::DirectionCache> caches_;  // one per launch group: pass 1's u for pass 2
   std::int64_t skipped_ = 0;
 };
 

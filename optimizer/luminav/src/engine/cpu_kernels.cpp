@@ -1,5 +1,5 @@
-// src/engine/cpu_kernels.cpp: the CPU engine's passes over a launch group (the element primitives
-// they use are in cpu_numerics.h)
+// src/engine/cpu_kernels.cpp: the CPU engine's passes over a launch group (their tile loops are in
+// cpu_tiles.h, the element primitives in cpu_numerics.h, the random words in cpu_philox.cpp)
 //
 // TDCLM's passes (docs/tdclm.md) over a launch group, with the per-element operations of
 // docs/internals.md in the same order as the reference and the kernels.
@@ -9,6 +9,10 @@
 // elements, each pass one loop per tile: float32 operands are read and written in place, other
 // dtypes converted through tile buffers. Pass 1 writes one float32 partial per item; S_j
 // combines the partials of tensor j in index order, so it does not depend on the thread count.
+// With the clip, pass 1 can keep every u it computes for pass 2 (DirectionCache, cpu_kernels.h,
+// for groups up to kDirectionCacheBytes of them), which then skips step 4's square root and
+// division; pass 2 itself writes the moments and weights, so a refused step changes only the
+// cache.
 //
 // Vector width: the tile loops are compiled three times on x86-64 (baseline SSE2, AVX2 and
 // AVX-512F) and each pass picks one at run time (cpu_isa()); every loop is elementwise IEEE
@@ -28,6 +32,7 @@
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_numerics.h"
 #include "engine/cpu_philox.h"
+#include "engine/cpu_tiles.h"
 #include "engine/thread_pool.h"
 
 // x86-64 with GCC or clang: the passes are also compiled for AVX2 and AVX-512F (target attribute)
@@ -42,182 +47,7 @@ namespace cpu {
 
 namespace {
 
-constexpr int kTile = 256;  // elements per tile buffer: 8 float buffers + 3 word buffers fit L1
-
-using namespace numerics;
-
-}  // namespace
-
-namespace {
-
-// ----------------------------------------------------------------------------- tile load/store
-
-LV_TILE_INLINE void load_tile(DType d, const void* base, std::int64_t off, int n, float* out) {
-  switch (d) {
-    case DType::kFloat32:
-      std::memcpy(out, static_cast<const float*>(base) + off, sizeof(float) * n);
-      break;
-    case DType::kBFloat16: {
-      const std::uint16_t* s = static_cast<const std::uint16_t*>(base) + off;
-      for (int i = 0; i < n; ++i) out[i] = u2f(static_cast<std::uint32_t>(s[i]) << 16);
-      break;
-    }
-    case DType::kFloat16: {
-      const std::uint16_t* s = static_cast<const std::uint16_t*>(base) + off;
-      for (int i = 0; i < n; ++i) out[i] = f16_to_f32(s[i]);
-      break;
-    }
-  }
-}
-
-// Store rounding to `d`: bf16 rounds stochastically with `words` when non-null.
-LV_TILE_INLINE void store_tile(DType d, void* base, std::int64_t off, int n, const float* in,
-                const std::uint32_t* words) {
-  switch (d) {
-    case DType::kFloat32:
-      std::memcpy(static_cast<float*>(base) + off, in, sizeof(float) * n);
-      break;
-    case DType::kBFloat16: {
-      std::uint16_t* dst = static_cast<std::uint16_t*>(base) + off;
-      if (words) {
-        for (int i = 0; i < n; ++i) dst[i] = bf16_sr(in[i], words[i]);
-      } else {
-        for (int i = 0; i < n; ++i) dst[i] = bf16_rne(in[i]);
-      }
-      break;
-    }
-    case DType::kFloat16: {
-      std::uint16_t* dst = static_cast<std::uint16_t*>(base) + off;
-      for (int i = 0; i < n; ++i) dst[i] = f32_to_f16(in[i]);
-      break;
-    }
-  }
-}
-
-// Per-tensor constants of one step.
-struct TensorConsts {
-  float sign, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-  float rbc1, rbc2;  // 1 / bc1, 1 / bc2, each rounded to float32
-  std::uint64_t key;  // seed_tk
-  bool state_words;   // states are bf16 with stochastic rounding
-  bool param_words;   // params are bf16 with stochastic rounding
-};
-
-TensorConsts tensor_consts(const GroupConfig& cfg, const TensorRow& row) {
-  TensorConsts c{};
-  const Hyper& h = cfg.hyper;
-  c.sign = h.maximize ? -1.0f : 1.0f;
-  c.beta1 = static_cast<float>(h.beta1);
-  c.beta2 = static_cast<float>(h.beta2);
-  c.one_minus_beta1 = 1.0f - c.beta1;
-  c.one_minus_beta2 = 1.0f - c.beta2;
-  c.eps = static_cast<float>(h.eps);
-  const std::int64_t t = *row.step + 1;
-  c.rbc1 = 1.0f / bias_correction(c.beta1, t);
-  c.rbc2 = 1.0f / bias_correction(c.beta2, t);
-  c.key = stream_key(cfg.seed, t, row.param_index);
-  const bool sr = cfg.sr();
-  c.state_words = sr && cfg.state_dtype == DType::kBFloat16;
-  c.param_words = sr && cfg.param_dtype == DType::kBFloat16;
-  return c;
-}
-
-struct Tile {
-  float g[kTile], m[kTile], v[kTile], u[kTile], p[kTile], p0[kTile];
-  std::uint32_t w[kTile], w1[kTile], w2[kTile];  // random words of streams 0, 1, 2
-};
-
-// How moments are rounded to their storage dtype (step 3).
-enum class StateRound { kNone, kBf16Rne, kBf16Sr, kF16Rne };
-
-StateRound state_round(const GroupConfig& cfg, const TensorConsts& c) {
-  switch (cfg.state_dtype) {
-    case DType::kFloat32: return StateRound::kNone;
-    case DType::kBFloat16: return c.state_words ? StateRound::kBf16Sr : StateRound::kBf16Rne;
-    case DType::kFloat16: break;
-  }
-  return StateRound::kF16Rne;
-}
-
-template <StateRound R>
-LV_TILE_INLINE float round_state(float x, std::uint32_t word) {
-  if constexpr (R == StateRound::kBf16Rne) return u2f(bf16_rne_bits(x));
-  if constexpr (R == StateRound::kBf16Sr) return u2f(bf16_sr_bits(x, word));
-  if constexpr (R == StateRound::kF16Rne) return f16_to_f32(f32_to_f16(x));
-  (void)word;
-  return x;
-}
-
-// An operand of a tile: float32 storage is used in place, other dtypes through a tile buffer.
-LV_TILE_INLINE const float* tile_in(DType d, const void* base, std::int64_t off, int n, float* buf) {
-  if (d == DType::kFloat32) return static_cast<const float*>(base) + off;
-  load_tile(d, base, off, n, buf);
-  return buf;
-}
-LV_TILE_INLINE float* tile_inout(DType d, void* base, std::int64_t off, int n, float* buf) {
-  if (d == DType::kFloat32) return static_cast<float*>(base) + off;
-  load_tile(d, base, off, n, buf);
-  return buf;
-}
-// Writes a tile operand back when it went through a buffer (float32 ones were written in place).
-LV_TILE_INLINE void tile_out(DType d, void* base, std::int64_t off, int n, const float* buf,
-                             const std::uint32_t* words) {
-  if (d != DType::kFloat32) store_tile(d, base, off, n, buf, words);
-}
-
-// Steps 1-4 of one element: g -> m', v' (rounded to their storage dtype) and u.
-template <StateRound R>
-LV_TILE_INLINE float moments_one(const TensorConsts& c, float g, float& m, float& v,
-                                 std::uint32_t w1, std::uint32_t w2) {
-  const float gi = g * c.sign;
-  const float mi = round_state<R>(c.beta1 * m + c.one_minus_beta1 * gi, w1);
-  const float vi = round_state<R>(c.beta2 * v + c.one_minus_beta2 * (gi * gi), w2);
-  m = mi;
-  v = vi;
-  return (mi * c.rbc1) / (std::sqrt(vi * c.rbc2) + c.eps);
-}
-
-// Pass 1's steps 1-4 in one loop: u of every element; the moments are not stored.
-template <StateRound R>
-LV_TILE_INLINE void direction_tile(const TensorConsts& c, int n, const float* __restrict g,
-                                   const float* __restrict m, const float* __restrict v,
-                                   float* __restrict u, const std::uint32_t* __restrict w1,
-                                   const std::uint32_t* __restrict w2) {
-  for (int i = 0; i < n; ++i) {
-    float mi = m[i], vi = v[i];
-    u[i] = moments_one<R>(c, g[i], mi, vi, R == StateRound::kBf16Sr ? w1[i] : 0u,
-                          R == StateRound::kBf16Sr ? w2[i] : 0u);
-  }
-}
-
-// Soft clip of step 5, as pass 2 applies it.
-enum class Clip { kOff, kTanh, kZero };
-
-// Pass 2's steps 1-6 in one loop: m and v updated in place, p <- p (1 - lr wd) - lr clip(u).
-template <StateRound R, Clip C>
-LV_TILE_INLINE void update_tile(const TensorConsts& c, int n, float tau, float decay, float lr,
-                                const float* __restrict g, float* __restrict m,
-                                float* __restrict v, float* __restrict p,
-                                const std::uint32_t* __restrict w1,
-                                const std::uint32_t* __restrict w2) {
-  const float rtau = C == Clip::kTanh ? 1.0f / tau : 0.0f;
-  for (int i = 0; i < n; ++i) {
-    float mi = m[i], vi = v[i];
-    float u = moments_one<R>(c, g[i], mi, vi, R == StateRound::kBf16Sr ? w1[i] : 0u,
-                             R == StateRound::kBf16Sr ? w2[i] : 0u);
-    if constexpr (C == Clip::kTanh) u = tau * tanh_f32(u * rtau);
-    if constexpr (C == Clip::kZero) u = 0.0f;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * decay - lr * u;
-  }
-}
-
-LV_TILE_INLINE bool tile_all_finite(const float* g, int n) {
-  std::uint32_t bad = 0;
-  for (int i = 0; i < n; ++i) bad |= static_cast<std::uint32_t>((f2u(g[i]) & 0x7F800000u) == 0x7F800000u);
-  return bad == 0;
-}
+using namespace tiles;
 
 // Work items of a group: item_start[j] = first item of row j; item_start[n] = total.
 std::vector<std::int64_t> item_starts(const TensorRow* rows, std::size_t n) {
@@ -309,6 +139,8 @@ struct Pass1Work {
   std::uint8_t* bad;           // per item
   bool need_sum;
   RandomWordsFn words;         // the rounding streams at this width (cpu_philox.h)
+  float* cache_u;              // null, or DirectionCache::u: row j's element i at base[j] + i
+  const std::int64_t* base;
 };
 
 struct Pass2Work {
@@ -320,6 +152,8 @@ struct Pass2Work {
   const float* taus;
   float lr;
   RandomWordsFn words;
+  const float* cache_u;        // null: u recomputed; else pass 1's, as in Pass1Work
+  const std::int64_t* base;
 };
 
 LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int64_t end) {
@@ -348,16 +182,17 @@ LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int
         w.words(c.key, global_first, nt, 1u, tile.w1);
         w.words(c.key, global_first, nt, 2u, tile.w2);
       }
+      float* __restrict u = w.cache_u ? w.cache_u + w.base[j] + local : tile.u;
       switch (state_round(cfg, c)) {
-        case StateRound::kNone: direction_tile<StateRound::kNone>(c, nt, g, m, v, tile.u, tile.w1, tile.w2); break;
-        case StateRound::kBf16Rne: direction_tile<StateRound::kBf16Rne>(c, nt, g, m, v, tile.u, tile.w1, tile.w2); break;
-        case StateRound::kBf16Sr: direction_tile<StateRound::kBf16Sr>(c, nt, g, m, v, tile.u, tile.w1, tile.w2); break;
-        case StateRound::kF16Rne: direction_tile<StateRound::kF16Rne>(c, nt, g, m, v, tile.u, tile.w1, tile.w2); break;
+        case StateRound::kNone: direction_tile<StateRound::kNone>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
+        case StateRound::kBf16Rne: direction_tile<StateRound::kBf16Rne>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
+        case StateRound::kBf16Sr: direction_tile<StateRound::kBf16Sr>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
+        case StateRound::kF16Rne: direction_tile<StateRound::kF16Rne>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
       }
       int i = 0;
       for (; i + kLanes <= nt; i += kLanes)
-        for (int l = 0; l < kLanes; ++l) lanes[l] += tile.u[i + l] * tile.u[i + l];
-      for (int l = 0; i < nt; ++i, ++l) lanes[l] += tile.u[i] * tile.u[i];
+        for (int l = 0; l < kLanes; ++l) lanes[l] += u[i + l] * u[i + l];
+      for (int l = 0; i < nt; ++i, ++l) lanes[l] += u[i] * u[i];
     }
     float s = 0.0f;
     if (w.need_sum) {
@@ -367,28 +202,6 @@ LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int
     }
     w.partial[item] = s;
     w.bad[item] = all_finite ? 0 : 1;
-  }
-}
-
-template <StateRound R>
-LV_TILE_INLINE void update_clip(Clip clip, const TensorConsts& c, int n, float tau, float decay,
-                                float lr, const float* g, float* m, float* v, float* p,
-                                const std::uint32_t* w1, const std::uint32_t* w2) {
-  switch (clip) {
-    case Clip::kOff: update_tile<R, Clip::kOff>(c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
-    case Clip::kTanh: update_tile<R, Clip::kTanh>(c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
-    case Clip::kZero: update_tile<R, Clip::kZero>(c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
-  }
-}
-
-LV_TILE_INLINE void update(StateRound r, Clip clip, const TensorConsts& c, int n, float tau,
-                           float decay, float lr, const float* g, float* m, float* v, float* p,
-                           const std::uint32_t* w1, const std::uint32_t* w2) {
-  switch (r) {
-    case StateRound::kNone: update_clip<StateRound::kNone>(clip, c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
-    case StateRound::kBf16Rne: update_clip<StateRound::kBf16Rne>(clip, c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
-    case StateRound::kBf16Sr: update_clip<StateRound::kBf16Sr>(clip, c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
-    case StateRound::kF16Rne: update_clip<StateRound::kF16Rne>(clip, c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
   }
 }
 
@@ -425,7 +238,9 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
       // NaN, as the kernels and the reference do.
       const Clip clip = !use_clip ? Clip::kOff : (tau == 0.0f ? Clip::kZero : Clip::kTanh);
       const float decay = 1.0f - lr * wd;
-      update(state_round(cfg, c), clip, c, nt, tau, decay, lr, g, m, v, p, tile.w1, tile.w2);
+      const float* cached_u = w.cache_u ? w.cache_u + w.base[j] + local : nullptr;
+      update(state_round(cfg, c), clip, c, nt, tau, decay, lr, g, m, v, p, tile.w1, tile.w2, tile.u,
+             cached_u, tile.large);
       // 7. bound (modes 1, 2)
       if (mode != 0) {
         const float* __restrict p0 = tile_in(cfg.param_dtype, row.p_init, local, nt, tile.p0);
@@ -513,10 +328,52 @@ std::string cpu_isa_name(CpuIsa isa) {
   return "baseline";
 }
 
+// ---------------------------------------------------------------------------- direction cache
+
+namespace {
+
+bool cache_fits(const TensorRow* rows, std::size_t n) {
+  std::int64_t total = 0;
+  for (std::size_t j = 0; j < n; ++j) total += rows[j].numel;
+  return static_cast<std::uint64_t>(total) * sizeof(float) <= kDirectionCacheBytes;
+}
+
+// What identifies the rows pass 1 saw: every address, size, offset and step counter.
+void cache_key(const TensorRow* rows, std::size_t n, std::vector<std::int64_t>& key) {
+  key.clear();
+  key.reserve(8 * n + 1);
+  key.push_back(static_cast<std::int64_t>(n));
+  for (std::size_t j = 0; j < n; ++j) {
+    const TensorRow& r = rows[j];
+    for (const void* a : {static_cast<const void*>(r.param), r.grad, static_cast<const void*>(r.exp_avg),
+                          static_cast<const void*>(r.exp_avg_sq)})
+      key.push_back(static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(a)));
+    key.push_back(r.numel);
+    key.push_back(r.elem_offset);
+    key.push_back(r.param_index);
+    key.push_back(r.step ? *r.step : -1);
+  }
+}
+
+void cache_layout(const TensorRow* rows, std::size_t n, std::vector<std::int64_t>& base,
+                  std::vector<std::int64_t>& key) {
+  base.assign(n + 1, 0);
+  for (std::size_t j = 0; j < n; ++j) base[j + 1] = base[j] + rows[j].numel;
+  cache_key(rows, n, key);
+}
+
+bool cache_matches(const DirectionCache& cache, const TensorRow* rows, std::size_t n) {
+  std::vector<std::int64_t> key;
+  cache_key(rows, n, key);
+  return key == cache.key && cache.base.size() == n + 1;
+}
+
+}  // namespace
+
 // ----------------------------------------------------------------------------------- the passes
 
 void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float* stats,
-           std::int32_t* found_inf, ThreadPool& pool) {
+           std::int32_t* found_inf, ThreadPool& pool, DirectionCache* cache) {
   const auto run = pass1_fn();
   const std::vector<std::int64_t> starts = item_starts(rows, n);
   const std::int64_t items = starts[n];
@@ -524,9 +381,21 @@ void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float* 
   std::vector<std::uint8_t> bad(static_cast<std::size_t>(items), 0);
   std::vector<TensorConsts> consts(n);
   for (std::size_t j = 0; j < n; ++j) consts[j] = tensor_consts(cfg, rows[j]);
+  const bool need_sum = cfg.hyper.clip > 0;
+  float* cache_u = nullptr;
+  if (cache) {
+    cache->ready = false;
+    if (need_sum && cache_fits(rows, n)) {
+      cache_layout(rows, n, cache->base, cache->key);
+      cache->u.resize(static_cast<std::size_t>(cache->base[n]));
+      cache_u = cache->u.data();
+    }
+  }
   const Pass1Work work{&cfg, rows, starts.data(), n, consts.data(), partial.data(), bad.data(),
-                       cfg.hyper.clip > 0, random_words_fn(cpu_isa())};
+                       need_sum, random_words_fn(cpu_isa()), cache_u,
+                       cache_u ? cache->base.data() : nullptr};
   pool.parallel_for(items, [&](std::int64_t begin, std::int64_t end) { run(work, begin, end); });
+  if (cache_u) cache->ready = true;
 
   bool any_bad = false;
   for (std::size_t j = 0; j < n; ++j) {
@@ -541,11 +410,22 @@ void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float* 
 }
 
 void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float lr,
-           const float* stats, const std::int32_t* found_inf, ThreadPool& pool) {
+           const float* stats, const std::int32_t* found_inf, ThreadPool& pool, DirectionCache* cache) {
+  // pass 1's u, where it kept them for these very rows; used once
+  const float* cache_u = nullptr;
+  const std::int64_t* cache_base = nullptr;
+  if (cache && cache->ready) {
+    cache->ready = false;
+    if (cache_matches(*cache, rows, n)) {
+      cache_u = cache->u.data();
+      cache_base = cache->base.data();
+    }
+  }
   if (cfg.check_flag() && found_inf && *found_inf != 0) return;
   const Hyper& h = cfg.hyper;
   const bool use_clip = h.clip > 0;
   if (use_clip && !stats) throw Error(Status::kInternal, "pass2 with clip > 0 needs pass 1's stats");
+  if (!use_clip) cache_u = nullptr, cache_base = nullptr;
   const auto run = pass2_fn();
   const std::vector<std::int64_t> starts = item_starts(rows, n);
   std::vector<TensorConsts> consts(n);
@@ -556,7 +436,7 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
     if (use_clip) taus[j] = clip * std::sqrt(stats[j] / static_cast<float>(rows[j].global_numel));
   }
   const Pass2Work work{&cfg, rows, starts.data(), n, consts.data(), taus.data(), lr,
-                       random_words_fn(cpu_isa())};
+                       random_words_fn(cpu_isa()), cache_u, cache_base};
   pool.parallel_for(starts[n], [&](std::int64_t begin, std::int64_t end) { run(work, begin, end); });
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 
@@ -25,14 +26,29 @@ enum class CpuIsa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 CpuIsa cpu_isa();
 std::string cpu_isa_name(CpuIsa isa);
 
+// Pass 1's directions u, kept for pass 2 of the same step so it need not recompute them (the
+// square root and division of step 4): float32, one per element of the group, filled by a pass 1
+// with clip > 0 whose group has at most kDirectionCacheBytes of them. Pass 2 takes them only for
+// the very rows pass 1 saw (addresses, sizes and step counters unchanged), once; otherwise, and
+// without a cache, it recomputes u, which gives the same bits. Owned by whoever runs the passes
+// (one per group); nothing else reads it, so a step that pass 1 refuses writes only it.
+constexpr std::size_t kDirectionCacheBytes = std::size_t{8} << 20;
+struct DirectionCache {
+  std::vector<float> u;
+  std::vector<std::int64_t> base;  // row j's elements start at u[base[j]]
+  std::vector<std::int64_t> key;   // the rows pass 1 saw
+  bool ready = false;              // u holds pass 1's of this step, not yet used
+};
+
 // Pass 1 over a group: stats[j] = S_j (float32), *found_inf = 1 where a gradient element is
-// not finite (never lowered). Reads host memory only.
+// not finite (never lowered). Reads host memory only (and writes `cache` when given).
 void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float* stats,
-           std::int32_t* found_inf, ThreadPool& pool);
-// Pass 2 (the update). With cfg.check_flag() and *found_inf != 0 it touches nothing.
-// stats may be null when clip == 0.
+           std::int32_t* found_inf, ThreadPool& pool, DirectionCache* cache = nullptr);
+// Pass 2 (the update). With cfg.check_flag() and *found_inf != 0 it touches nothing (but marks
+// `cache` used). stats may be null when clip == 0.
 void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float lr,
-           const float* stats, const std::int32_t* found_inf, ThreadPool& pool);
+           const float* stats, const std::int32_t* found_inf, ThreadPool& pool,
+           DirectionCache* cache = nullptr);
 // Step counters += 1 - found_inf (check_flag) or += 1.
 void commit(const GroupConfig& cfg, const TensorRow* rows, std::size_t n,
             const std::int32_t* found_inf);

@@ -96,13 +96,14 @@ CpuGroup::CpuGroup(const GroupConfig& cfg, const std::vector<RowTuple>& rows, in
     : cfg_(cfg), rows_(make_rows(rows, cfg.hyper.bound_mode != BoundMode::kNone)), pool_(pool_for(num_threads)) {}
 
 void CpuGroup::pass1(std::uintptr_t stats, std::uintptr_t found_inf) {
-  cpu::pass1(cfg_, rows_.data(), rows_.size(), ptr<float>(stats), ptr<std::int32_t>(found_inf), *pool_);
+  cpu::pass1(cfg_, rows_.data(), rows_.size(), ptr<float>(stats), ptr<std::int32_t>(found_inf), *pool_,
+             &cache_);
 }
 
 void CpuGroup::pass2(double lr, std::uintptr_t stats, std::uintptr_t found_inf) {
   validate_lr(lr);
   cpu::pass2(cfg_, rows_.data(), rows_.size(), static_cast<float>(lr), ptr<const float>(stats),
-             ptr<const std::int32_t>(found_inf), *pool_);
+             ptr<const std::int32_t>(found_inf), *pool_, &cache_);
 }
 
 void CpuGroup::commit(std::uintptr_t found_inf) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "aot/runtime.h"
+#include "engine/cpu_kernels.h"
 #include "engine/engine.h"
 #include "engine/group_launch.h"
 #include "engine/thread_pool.h"
@@ -66,6 +67,7 @@ class CpuGroup {
   GroupConfig cfg_;
   std::vector<TensorRow> rows_;
   std::shared_ptr<cpu::ThreadPool> pool_;
+  cpu::DirectionCache cache_;  // pass 1's u for pass 2 (cpu_kernels.h)
 };
 
 // A launch group of the "aot" backend: its kernels loaded from a bundle on one CUDA device and
