@@ -1,0 +1,359 @@
+"""demo/runs.py: the demo's runs: one training run per optimizer and dtype, and the step timings."""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from .config import Config
+from .data import CharVocab, stdlib_sources
+from .model import make_model_class
+
+# --------------------------------------------------------------------------------------------
+# runs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunSpec:
+    key: str
+    panel: str  # "fp32", "bf16" or "faults"
+    label: str
+    optimizer: str  # "adamw" or "luminamoon"
+    dtype: str  # "float32" or "bfloat16"
+    inject: bool = False
+    stochastic_rounding: bool = True
+    color: str = "C0"
+    style: str = "-"
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    backend: str = ""
+    steps: List[int] = field(default_factory=list)
+    train_loss: List[float] = field(default_factory=list)
+    val_steps: List[int] = field(default_factory=list)
+    val_loss: List[float] = field(default_factory=list)
+    opt_seconds: List[float] = field(default_factory=list)
+    train_seconds: float = 0.0
+    tokens: int = 0
+    skipped: int = 0
+    nan_from: Optional[int] = None  # first step whose weights are NaN
+    weights_finite: bool = True
+
+    @property
+    def final_val(self) -> float:
+        return self.val_loss[-1] if self.val_loss else math.nan
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.train_seconds if self.train_seconds > 0 else math.nan
+
+    def opt_ms(self, warmup: int) -> float:
+        samples = self.opt_seconds[warmup:] or self.opt_seconds
+        return 1e3 * statistics.median(samples) if samples else math.nan
+
+
+def run_specs(cfg: Config) -> List[RunSpec]:
+    specs = [
+        RunSpec("fp32-adamw", "fp32", "AdamW, fp32", "adamw", "float32", color="C0"),
+        RunSpec("fp32-lumina", "fp32", "LuminaMoon, fp32", "luminamoon", "float32", color="C3"),
+        RunSpec("bf16-adamw", "bf16", "AdamW, bf16 round-to-nearest", "adamw", "bfloat16",
+                color="C0"),
+        RunSpec("bf16-lumina", "bf16", "LuminaMoon, bf16 stochastic rounding", "luminamoon",
+                "bfloat16", color="C3"),
+    ]
+    if cfg.control_run:
+        specs.append(RunSpec("bf16-lumina-rtn", "bf16", "LuminaMoon, bf16 round-to-nearest",
+                             "luminamoon", "bfloat16", stochastic_rounding=False, color="C1",
+                             style="--"))
+    specs += [
+        RunSpec("faults-adamw", "faults", "AdamW, fp32, faults", "adamw", "float32",
+                inject=True, color="C0"),
+        RunSpec("faults-lumina", "faults", "LuminaMoon, fp32, faults", "luminamoon",
+                "float32", inject=True, color="C3"),
+    ]
+    return specs
+
+
+def adamw_flavour(device) -> str:
+    """'fused' where this torch has the fused AdamW kernel for ``device``, else 'foreach'."""
+    import torch
+
+    p = torch.zeros(4, device=device, requires_grad=True)
+    p.grad = torch.ones_like(p)
+    try:
+        torch.optim.AdamW([p], lr=1e-3, fused=True).step()
+        return "fused"
+    except (RuntimeError, ValueError, NotImplementedError, TypeError):
+        return "foreach"
+
+
+class Session:
+    """Data, initial weights and settings shared by every run of the demo."""
+
+    def __init__(self, cfg: Config, device, backend: str, aot_bundle: Optional[str], seed: int,
+                 cpu_threads: int = 0):
+        import torch
+
+        self.cfg, self.device, self.backend, self.aot_bundle, self.seed = (
+            cfg, torch.device(device), backend, aot_bundle, seed)
+        self.cpu_threads = cpu_threads  # the native cpu engine's threads; 0: one per core
+        train_text, val_text, self.train_files, self.val_files = stdlib_sources(
+            cfg.train_bytes, cfg.val_bytes)
+        self.vocab = CharVocab(train_text)
+        self.train_data = self.vocab.encode(train_text).to(self.device)
+        self.val_data = self.vocab.encode(val_text).to(self.device)
+        gen = torch.Generator().manual_seed(seed)
+        span = cfg.ctx + 1
+        self.batch_offsets = torch.randint(0, len(self.train_data) - span,
+                                           (cfg.steps, cfg.batch), generator=gen)
+        self.val_offsets = torch.randint(0, len(self.val_data) - span,
+                                         (cfg.eval_batches, cfg.batch), generator=gen)
+        # the poisoned batches: uniformly random characters
+        self.poison = torch.randint(0, len(self.vocab), (cfg.poison_steps, cfg.batch, span),
+                                    generator=gen).to(self.device)
+        self.window = torch.arange(span, device=self.device)
+        self.model_class = make_model_class()
+        torch.manual_seed(seed)
+        self.init_state = {k: v.detach().clone() for k, v in
+                           self.model_class(len(self.vocab), cfg).state_dict().items()}
+        self.adamw = adamw_flavour(self.device)
+
+    def batch(self, data, offsets):
+        rows = data[offsets.to(self.device)[:, None] + self.window]
+        return rows[:, :-1], rows[:, 1:]
+
+    def fresh_model(self, dtype):
+        import torch
+
+        model = self.model_class(len(self.vocab), self.cfg)
+        model.load_state_dict(self.init_state)
+        return model.to(device=self.device, dtype=getattr(torch, dtype))
+
+    def make_optimizer(self, spec: RunSpec, params, backend: Optional[str] = None,
+                       adamw_mode: bool = False):
+        import torch
+
+        from .. import LuminaMoon
+
+        cfg = self.cfg
+        if spec.optimizer == "adamw":
+            flavour = {self.adamw: True}
+            return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas,
+                                     weight_decay=cfg.weight_decay, **flavour)
+        # AdamW mode (clip 0, non-finite gradients propagate, round to nearest): the same work
+        # as torch's AdamW
+        extra = (dict(clip=0.0, nonfinite="propagate", stochastic_rounding=False) if adamw_mode
+                 else dict(clip=cfg.clip, stochastic_rounding=spec.stochastic_rounding))
+        backend = backend or self.backend
+        if self.cpu_threads and self.device.type == "cpu" and backend in ("auto", "cpu"):
+            try:
+                from ..optimizer.native import CpuBackend
+
+                backend = CpuBackend(num_threads=self.cpu_threads)
+            except ImportError:  # no compiled engine: "auto" falls back to the reference
+                pass
+        return LuminaMoon(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                          state_dtype=getattr(torch, spec.dtype), seed=self.seed,
+                          backend=backend, aot_bundle=self.aot_bundle, **extra)
+
+    def sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def evaluate(self, model) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        total = torch.zeros((), device=self.device)
+        with torch.no_grad():
+            for offsets in self.val_offsets:
+                x, y = self.batch(self.val_data, offsets)
+                total += F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        return float(total) / len(self.val_offsets)
+
+
+def _backend_of(opt) -> str:
+    plan = getattr(opt, "_plan", None)
+    if plan is not None and plan.backends:
+        return "/".join(sorted({b.name for b in plan.backends}))
+    if getattr(opt, "defaults", {}).get("fused"):
+        return "torch fused"
+    if getattr(opt, "defaults", {}).get("foreach"):
+        return "torch foreach"
+    return "torch"
+
+
+def train(session: Session, spec: RunSpec, progress_factory: Callable) -> RunResult:
+    import torch
+    import torch.nn.functional as F
+
+    cfg = session.cfg
+    model = session.fresh_model(spec.dtype)
+    params = dict(model.named_parameters())
+    opt = session.make_optimizer(spec, list(params.values()))
+    result = RunResult(spec)
+    losses = torch.full((cfg.steps,), math.nan, device=session.device)
+    spikes, poisoned, nan_step = set(cfg.spike_range), cfg.poison_range, cfg.nan_step
+    bar = progress_factory(total=cfg.steps, desc=f"{spec.label:<38}")
+    tokens_per_step = cfg.batch * cfg.ctx
+    read = 0  # train losses read back so far
+
+    def record_eval(step: int) -> None:
+        nonlocal read
+        result.val_steps.append(step)
+        result.val_loss.append(session.evaluate(model))
+        new = losses[read:step].tolist()
+        result.steps.extend(range(read, step))
+        result.train_loss.extend(new)
+        read = step
+
+    record_eval(0)
+    for step in range(cfg.steps):
+        start = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr_at(step)
+        x, y = session.batch(session.train_data, session.batch_offsets[step])
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        if spec.inject and step in poisoned:
+            # train on random characters with the loss x poison_scale; the curve keeps the
+            # loss of the real batch (computed above, its graph dropped)
+            loss = loss.detach()
+            bad = session.poison[step - poisoned.start]
+            (cfg.poison_scale * F.cross_entropy(model(bad[:, :-1]).flatten(0, 1),
+                                                bad[:, 1:].flatten())).backward()
+        else:
+            loss.backward()
+        if spec.inject:
+            if step in spikes:
+                params[cfg.spike_layer].grad.mul_(cfg.spike_scale)
+            if step == nan_step:
+                params[cfg.nan_param].grad.view(-1)[0] = math.nan
+        session.sync()
+        t0 = time.perf_counter()
+        opt.step()
+        session.sync()
+        t1 = time.perf_counter()
+        result.opt_seconds.append(t1 - t0)
+        losses[step] = loss.detach()
+        result.train_seconds += t1 - start
+        result.tokens += tokens_per_step
+        bar.update(1)
+        done = step + 1
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            record_eval(done)
+            bar.set_postfix_str(f"train {result.train_loss[-1]:.3f} val {result.val_loss[-1]:.3f}")
+            if not math.isfinite(result.val_loss[-1]):
+                break  # the weights are NaN: every later step is NaN too
+    bar.close()
+    result.backend = _backend_of(opt)
+    result.skipped = int(opt.skipped_steps) if hasattr(opt, "skipped_steps") else 0
+    result.weights_finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    if not result.weights_finite:
+        bad = [s for s, v in zip(result.steps, result.train_loss) if not math.isfinite(v)]
+        result.nan_from = bad[0] if bad else result.val_steps[-1]
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# optimizer step time, per backend
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepTiming:
+    name: str
+    dtype: str
+    ms: float
+    note: str = ""
+
+
+def time_optimizer_steps(session: Session, backends: Sequence[str]) -> List[StepTiming]:
+    """Median wall time of ``opt.step()`` alone on this model's parameters, per optimizer.
+
+    Each optimizer steps a copy of the initial weights with the gradients of one real batch;
+    before every step the gradients are fresh tensors (as after ``zero_grad(set_to_none=True)``
+    and a backward pass), made outside the timed region. On CUDA the device is synchronised
+    before and after the step. LuminaMoon runs as in training (TDCLM: clip, skip check) on
+    every backend, and in AdamW mode (clip 0, no skip check, round to nearest: torch AdamW's
+    work) on the first.
+    The reference backend, an oracle and not a fast path, gets a quarter of the steps.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    cfg = session.cfg
+    rows: List[StepTiming] = []
+    for dtype in ("float32", "bfloat16"):
+        model = session.fresh_model(dtype)
+        x, y = session.batch(session.train_data, session.batch_offsets[0])
+        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        spec = RunSpec("bench", "bench", "", "luminamoon", dtype)
+        candidates: List[Tuple[str, Callable]] = []
+
+        def lumina(name: str, adamw_mode: bool = False) -> Callable:
+            return lambda ps: session.make_optimizer(spec, ps, backend=name,
+                                                     adamw_mode=adamw_mode)
+
+        def adamw(flavour: str) -> Callable:
+            return lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, betas=cfg.betas,
+                                                weight_decay=cfg.weight_decay, **{flavour: True})
+
+        for name in backends:
+            candidates.append((f"LuminaMoon {name}", lumina(name)))
+            if name == backends[0] and name != "reference":
+                candidates.append((f"LuminaMoon {name}, AdamW mode", lumina(name, True)))
+        for flavour in ("fused", "foreach"):
+            if flavour == "fused" and session.adamw != "fused":
+                continue
+            candidates.append((f"torch AdamW {flavour}", adamw(flavour)))
+        for name, make in candidates:
+            params = [p.detach().clone().requires_grad_() for p in model.parameters()]
+            try:
+                opt = make(params)
+                samples = []
+                slow = "reference" in name
+                steps = max(3, cfg.bench_steps // 4) if slow else cfg.bench_steps
+                warmup = min(2, cfg.bench_warmup) if slow else cfg.bench_warmup
+                for i in range(warmup + steps):
+                    for p, g in zip(params, grads):
+                        p.grad = g.clone()
+                    session.sync()
+                    t0 = time.perf_counter()
+                    opt.step()
+                    session.sync()
+                    if i >= warmup:
+                        samples.append(time.perf_counter() - t0)
+                rows.append(StepTiming(name, dtype, 1e3 * statistics.median(samples)))
+            except Exception as exc:  # a backend that cannot run here is reported, not fatal
+                rows.append(StepTiming(name, dtype, math.nan, f"{type(exc).__name__}: {exc}"))
+    return rows
+
+
+def available_backends(device, aot_bundle: Optional[str]) -> List[str]:
+    """LuminaMoon's backends that can step tensors on ``device`` here, fastest first."""
+    import importlib.util
+
+    names = []
+    if device.type == "cuda":
+        if importlib.util.find_spec("triton") is not None:
+            names.append("triton")
+        if aot_bundle:
+            names.append("aot")
+    elif device.type == "cpu":
+        try:
+            from ..optimizer.backends import native  # noqa: F401  (the compiled engine)
+
+            names.append("cpu")
+        except ImportError:
+            pass
+    names.append("reference")
+    return names
