@@ -17,10 +17,9 @@ It prints a progress bar per run and a table (validation loss, tokens/s, optimiz
 step, skipped steps), times the optimizer step alone on this model for every LuminaMoon backend
 that runs here beside torch's AdamW, and writes to --out: loss_curves.png, step_time.png,
 results.md and results.csv.
-
-Modules: config (Config), data (the sources), model (the GPT), runs (training and step
-timing), report (tables, findings, plots), cli (the command).
 """
+# Modules: config (Config), data (the sources), model (the GPT), runs (training and step
+# timing), report (tables, findings, plots), cli (the command).
 from .cli import (_progress_factory, build_parser, default_aot_bundle, main,  # noqa: F401
                   resolve_device)
 from .config import QUICK, Config  # noqa: F401

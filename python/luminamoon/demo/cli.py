@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import sysconfig
 import time
 from typing import Optional
@@ -44,10 +45,16 @@ def _progress_factory():
                                     leave=True, mininterval=0.5)
 
 
+def _description() -> str:
+    """The package's docstring without its first line (what the demo compares, and writes)."""
+    doc = sys.modules[__package__].__doc__ or ""
+    return doc.split("\n", 1)[1].strip() if "\n" in doc else doc
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="luminamoon demo", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.split("\n", 1)[1].strip() if __doc__ else None)
+        description=_description())
     parser.add_argument("--quick", action="store_true",
                         help=f"a short run for tests and smoke checks ({QUICK['steps']} steps, "
                              "less text, no LuminaMoon round-to-nearest control run, the "
