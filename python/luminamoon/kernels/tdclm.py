@@ -22,9 +22,12 @@ Importing this module defines kernels and nothing else; Triton is required.
 import triton
 import triton.language as tl
 
-from .layout import COL_CACHE, TABLE_COLS
+from .layout import TABLE_COLS
 from .rounding import INTERPRET as _INTERPRET
 from .rounding import _seed_tk, _storage_to_f32, _to_storage  # noqa: F401  (used by kernels)
+from .step_constants import (_bias_corrections, _bias_reciprocals,  # noqa: F401  (used by kernels)
+                             _cache_next_step_constants, _load_row, _program_constants,
+                             _step_constants)
 
 # ----------------------------------------------------------------------------------------------
 # tanh: chosen once, here, at import; the AOT builder compiles these same functions, so JIT and
@@ -91,30 +94,10 @@ else:
 
 # Table layout (kernels/layout.py) as constexprs the kernels index with.
 _TC: tl.constexpr = tl.constexpr(TABLE_COLS)
-_CC: tl.constexpr = tl.constexpr(COL_CACHE)
 
 # ----------------------------------------------------------------------------------------------
 # Shared @triton.jit helpers
 # ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _load_row(table, row):
-    """The 11 host-written columns of table row ``row`` (int64 values)."""
-    base = table + row.to(tl.int64) * _TC
-    param = tl.load(base + 0)
-    grad = tl.load(base + 1)
-    exp_avg = tl.load(base + 2)
-    exp_avg_sq = tl.load(base + 3)
-    p_init = tl.load(base + 4)
-    step = tl.load(base + 5)
-    numel = tl.load(base + 6)
-    block_start = tl.load(base + 7)
-    elem_offset = tl.load(base + 8)
-    param_index = tl.load(base + 9)
-    global_numel = tl.load(base + 10)
-    return (param, grad, exp_avg, exp_avg_sq, p_init, step, numel, block_start, elem_offset,
-            param_index, global_numel)
 
 
 @triton.jit
@@ -142,85 +125,6 @@ def _load_f32(ptr, offs, mask, DTYPE: tl.constexpr):
         return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         return x.to(tl.float32)
-
-
-@triton.jit
-def _bias_corrections(beta1, beta2, t):
-    """bc1 = float32(1 - beta1**t), bc2 likewise; the power in float64 by binary exponentiation.
-
-    r = 1; b = beta; e = t; while e > 0: (if e & 1: r *= b); b *= b; e >>= 1   (C++ engine: same)
-    """
-    b1 = tl.cast(beta1, tl.float64)
-    b2 = tl.cast(beta2, tl.float64)
-    r1 = b1 * 0.0 + 1.0
-    r2 = b2 * 0.0 + 1.0
-    e = t.to(tl.int64)
-    while e > 0:
-        odd = (e & 1) == 1
-        r1 = tl.where(odd, r1 * b1, r1)
-        r2 = tl.where(odd, r2 * b2, r2)
-        b1 = b1 * b1
-        b2 = b2 * b2
-        e = e >> 1
-    bc1 = (1.0 - r1).to(tl.float32)
-    bc2 = (1.0 - r2).to(tl.float32)
-    return bc1, bc2
-
-
-@triton.jit
-def _bias_reciprocals(beta1, beta2, t):
-    """(float32(1 / bc1), float32(1 / bc2)): once per program, so that each element multiplies."""
-    bc1, bc2 = _bias_corrections(beta1, beta2, t)
-    return tl.div_rn(1.0 + bc1 * 0.0, bc1), tl.div_rn(1.0 + bc2 * 0.0, bc2)
-
-
-@triton.jit
-def _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY: tl.constexpr,
-                    BOTH_SLOTS: tl.constexpr):
-    """(rbc1, rbc2, seed_tk) of step t for table row ``row``.
-
-    From the row's cache slot t & 1 when it holds step t (written by the previous step's update
-    kernel), else computed here: the float64 power costs a loop of log2(t) iterations in every
-    thread of every program, which the cache saves. Either way the same bits.
-    """
-    cache = table + row.to(tl.int64) * _TC + _CC
-    if BOTH_SLOTS:
-        # both slots loaded (their addresses do not wait for t), then the one of t's parity
-        # taken: pass 1, whose element loads are issued first, then overlaps all of them
-        odd = (t & 1) == 1
-        tag = tl.where(odd, tl.load(cache + 3), tl.load(cache))
-        packed = tl.where(odd, tl.load(cache + 4), tl.load(cache + 1))
-        cached_key = tl.where(odd, tl.load(cache + 5), tl.load(cache + 2))
-    else:
-        slot = cache + (t & 1) * 3
-        tag = tl.load(slot)
-        packed = tl.load(slot + 1)
-        cached_key = tl.load(slot + 2)
-    if tag == t:
-        rbc1 = (packed & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-        rbc2 = ((packed >> 32) & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
-        key = cached_key.to(tl.uint64, bitcast=True)
-    else:
-        rbc1, rbc2 = _bias_reciprocals(beta1, beta2, t)
-        if NEED_KEY:
-            key = _seed_tk(seed, t, param_index)
-        else:
-            key = tag.to(tl.uint64, bitcast=True)
-    return rbc1, rbc2, key
-
-
-@triton.jit
-def _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2):
-    """Writes step t + 1's constants into slot (t + 1) & 1 of the row: a slot no program of
-    step t reads, so the writes race with nothing (a skipped step leaves slot t & 1 valid)."""
-    tn = t + 1
-    slot = table + row.to(tl.int64) * _TC + _CC + (tn & 1) * 3
-    rbc1, rbc2 = _bias_reciprocals(beta1, beta2, tn)
-    packed = (rbc1.to(tl.uint32, bitcast=True).to(tl.int64)
-              | (rbc2.to(tl.uint32, bitcast=True).to(tl.int64) << 32))
-    tl.store(slot + 1, packed)
-    tl.store(slot + 2, _seed_tk(seed, tn, param_index).to(tl.int64, bitcast=True))
-    tl.store(slot, tn)
 
 
 @triton.jit
@@ -311,18 +215,6 @@ def _reduce_all(x, OP: tl.constexpr):
 
 
 @triton.jit
-def _program_constants(table, row, step_addr, seed, param_index, beta1, beta2, NEED_KEY: tl.constexpr):
-    """(t, rbc1, rbc2, seed_tk) of the step being applied to table row ``row``.
-
-    Called after a program has issued its element loads: the step counter and cache loads it
-    waits on then overlap with them."""
-    t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
-    rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY,
-                                      True)
-    return t, rbc1, rbc2, key
-
-
-@triton.jit
 def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr, seed,
                     param_index, sign, beta1, beta2, eps,
                     G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
@@ -341,6 +233,28 @@ def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr, 
         s = _reduce_all(tl.where(mask, u * u, 0.0), 0)
     else:
         s = bad.to(tl.float32) * 0.0
+    return s, bad
+
+
+@triton.jit
+def _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, table, row, step_addr, seed,
+                     param_index, sign, beta1, beta2, eps,
+                     G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
+                     NEED_SUM: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+    """_pass1_elements over a masked block of a kernel that draws rounding words, SUB_BLOCK
+    elements at a time; the sub-tiles' sums added in order."""
+    nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
+    s = nsub.to(tl.float32) * 0.0
+    bad = (nsub * 0).to(tl.int32)
+    sub = nsub * 0
+    while sub < nsub:  # (a while loop: the interpreter takes no tensor range() bound)
+        first, so = _sub_offsets(start, sub, SUB_BLOCK)
+        s_sub, bad_sub = _pass1_elements(g_ptr, m_ptr, v_ptr, so, so < numel, elem_offset + first,
+                                         table, row, step_addr, seed, param_index, sign, beta1,
+                                         beta2, eps, G_DTYPE, S_DTYPE, SR, NEED_SUM, ALIGNED)
+        s += s_sub
+        bad = tl.maximum(bad, bad_sub)
+        sub += 1
     return s, bad
 
 
@@ -490,28 +404,6 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
 # ----------------------------------------------------------------------------------------------
 # Kernels (names and argument lists: docs/internals.md, "Kernels")
 # ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, table, row, step_addr, seed,
-                     param_index, sign, beta1, beta2, eps,
-                     G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
-                     NEED_SUM: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
-    """_pass1_elements over a masked block of a kernel that draws rounding words, SUB_BLOCK
-    elements at a time; the sub-tiles' sums added in order."""
-    nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
-    s = nsub.to(tl.float32) * 0.0
-    bad = (nsub * 0).to(tl.int32)
-    sub = nsub * 0
-    while sub < nsub:  # (a while loop: the interpreter takes no tensor range() bound)
-        first, so = _sub_offsets(start, sub, SUB_BLOCK)
-        s_sub, bad_sub = _pass1_elements(g_ptr, m_ptr, v_ptr, so, so < numel, elem_offset + first,
-                                         table, row, step_addr, seed, param_index, sign, beta1,
-                                         beta2, eps, G_DTYPE, S_DTYPE, SR, NEED_SUM, ALIGNED)
-        s += s_sub
-        bad = tl.maximum(bad, bad_sub)
-        sub += 1
-    return s, bad
 
 
 @triton.jit(do_not_specialize=["seed"])
