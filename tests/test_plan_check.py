@@ -8,7 +8,7 @@ import torch
 
 from conftest import native_available
 from luminamoon import LuminaMoon
-from luminamoon.optimizer import optimizer as opt_module
+from luminamoon.optimizer import _plan as opt_module
 
 BACKENDS = ["reference"] + (["cpu"] if native_available() else [])
 
