@@ -38,7 +38,8 @@ def _philox4x32_10(key, c0, c1, c2, c3):
     tl.philox(key, c0, c1, c2, c3, 10), the same bits, with each round's two products taken as
     64-bit products of 32-bit words (one wide multiply each, where tl.philox takes a high and a
     low multiply: 99 against 106 SASS instructions an element for bf16 params and moments,
-    benchmarks/results/2026-12-01-sass-2.csv)."""
+    benchmarks/results/2026-12-01-sass-2.csv). Used where every tensor is 16-bit: see WIDE in
+    _stream_words16."""
     k0 = (key & 0xFFFFFFFF).to(tl.uint32)
     k1 = ((key >> 32) & 0xFFFFFFFF).to(tl.uint32)
     for _ in tl.static_range(10):
@@ -56,6 +57,15 @@ def _philox4x32_10(key, c0, c1, c2, c3):
 
 
 @triton.jit
+def _philox(key, c0, c1, c2, c3, WIDE: tl.constexpr):
+    """Philox4x32-10 of (c0, c1, c2, c3) under key: _philox4x32_10 when WIDE, else tl.philox."""
+    if WIDE:
+        return _philox4x32_10(key, c0, c1, c2, c3)
+    else:
+        return tl.philox(key, c0, c1, c2, c3, 10)
+
+
+@triton.jit
 def _pick_half(w0, w1, w2, w3, p):
     """(W_{p>>1} >> (16 * (p & 1))) & 0xFFFF for positions p in 0..7 of a group of eight."""
     w = p >> 1
@@ -64,7 +74,8 @@ def _pick_half(w0, w1, w2, w3, p):
 
 
 @triton.jit
-def _stream_words16(key, g0, STREAM: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+def _stream_words16(key, g0, STREAM: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
+                    WIDE: tl.constexpr = 1):
     """R16(i, STREAM) for the BLOCK consecutive global indices i = g0 .. g0 + BLOCK - 1
     (rounding stream format 2, docs/tdclm.md), as the [BLOCK/8, 8] tile the kernels work on:
     uint32 values below 2**16.
@@ -73,14 +84,19 @@ def _stream_words16(key, g0, STREAM: tl.constexpr, BLOCK: tl.constexpr, ALIGNED:
     one Philox call serves it; a thread holding a row's elements computes its words once. Else
     (a shard that starts inside a group) each row straddles two groups, takes two calls, and
     each element picks its word from the one it falls in. The kernels take the two paths in
-    separate branches, so neither shapes the other's register layout."""
+    separate branches, so neither shapes the other's register layout.
+
+    WIDE picks _philox4x32_10 (the kernels whose every tensor is 16-bit) or tl.philox (the
+    others, the same bits: with 32-bit tensors in the block, Triton 3.8 and later lay the
+    wide products' rows out apart from the elements' and convert between the two through
+    shared memory)."""
     G: tl.constexpr = BLOCK // 8
     g0 = g0.to(tl.int64)
     j = (g0 >> 3) + tl.arange(0, G)[:, None].to(tl.int64)
     lo = j.to(tl.uint32)
     hi = (j >> 32).to(tl.uint32)
     zero = lo * 0
-    w0, w1, w2, w3 = _philox4x32_10(key, lo, hi, zero + STREAM, zero)
+    w0, w1, w2, w3 = _philox(key, lo, hi, zero + STREAM, zero, WIDE)
     c = tl.arange(0, 8)[None, :]
     if ALIGNED:
         return _pick_half(w0, w1, w2, w3, c)
@@ -90,7 +106,7 @@ def _stream_words16(key, g0, STREAM: tl.constexpr, BLOCK: tl.constexpr, ALIGNED:
         j1 = j + 1
         lo1 = j1.to(tl.uint32)
         hi1 = (j1 >> 32).to(tl.uint32)
-        b0, b1, b2, b3 = _philox4x32_10(key, lo1, hi1, zero + STREAM, zero)
+        b0, b1, b2, b3 = _philox(key, lo1, hi1, zero + STREAM, zero, WIDE)
         return tl.where(s + c >= 8, _pick_half(b0, b1, b2, b3, p), _pick_half(w0, w1, w2, w3, p))
 
 
@@ -142,14 +158,14 @@ def _to_bf16(x, R, SR: tl.constexpr):
 
 @triton.jit
 def _to_storage(x, DTYPE: tl.constexpr, SR: tl.constexpr, key, g0, STREAM: tl.constexpr,
-                BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+                BLOCK: tl.constexpr, ALIGNED: tl.constexpr, WIDE: tl.constexpr = 1):
     """Round float32 x (the BLOCK elements from global index g0 on) to its storage dtype
-    (step 8 of docs/internals.md); returns that dtype."""
+    (step 8 of docs/internals.md); returns that dtype. WIDE: _stream_words16's."""
     if DTYPE == 0:
         return x
     elif DTYPE == 1:
         if SR:
-            return _to_bf16(x, _stream_words16(key, g0, STREAM, BLOCK, ALIGNED), 1)
+            return _to_bf16(x, _stream_words16(key, g0, STREAM, BLOCK, ALIGNED, WIDE), 1)
         else:
             return _to_bf16(x, 0, 0)
     else:

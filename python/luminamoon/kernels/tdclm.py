@@ -130,7 +130,7 @@ def _load_f32(ptr, offs, mask, DTYPE: tl.constexpr):
 @triton.jit
 def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
                    S_DTYPE: tl.constexpr, SR: tl.constexpr, BLOCK: tl.constexpr,
-                   ALIGNED: tl.constexpr):
+                   ALIGNED: tl.constexpr, WIDE: tl.constexpr):
     """Steps 1-4 of docs/internals.md; pass 1 and pass 2 both call this, so their u agree.
 
     Returns (m', v') rounded to the state dtype (in that dtype) and u (float32).
@@ -142,8 +142,8 @@ def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
     m_new = beta1 * m + ((1.0 - beta1) * sign) * g
     v_new = beta2 * v + (1.0 - beta2) * (g * g)
     # 3. round moments to their storage dtype (streams 1 and 2)
-    m_st = _to_storage(m_new, S_DTYPE, SR, key, g0, 1, BLOCK, ALIGNED)
-    v_st = _to_storage(v_new, S_DTYPE, SR, key, g0, 2, BLOCK, ALIGNED)
+    m_st = _to_storage(m_new, S_DTYPE, SR, key, g0, 1, BLOCK, ALIGNED, WIDE)
+    v_st = _to_storage(v_new, S_DTYPE, SR, key, g0, 2, BLOCK, ALIGNED, WIDE)
     m_r = _storage_to_f32(m_st, S_DTYPE)
     v_r = _storage_to_f32(v_st, S_DTYPE)
     # 4. Adam direction
@@ -229,7 +229,8 @@ def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr, 
         _t, rbc1, rbc2, key = _program_constants(table, row, step_addr, seed, param_index, beta1,
                                                  beta2, SR)
         _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key,
-                                         g0, S_DTYPE, SR, offs.numel, ALIGNED)
+                                         g0, S_DTYPE, SR, offs.numel, ALIGNED,
+                                         (G_DTYPE != 0) & (S_DTYPE != 0))
         s = _reduce_all(tl.where(mask, u * u, 0.0), 0)
     else:
         s = bad.to(tl.float32) * 0.0
@@ -270,8 +271,10 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr,
     m = _load_f32(m_ptr, offs, mask, S_DTYPE)
     v = _load_f32(v_ptr, offs, mask, S_DTYPE)
     p = _load_f32(p_ptr, offs, mask, P_DTYPE)
+    # the wide Philox multiply where every tensor is 16-bit (rounding._stream_words16)
+    WIDE = (P_DTYPE != 0) & (G_DTYPE != 0) & (S_DTYPE != 0)
     m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
-                                   S_DTYPE, SR, offs.numel, ALIGNED)
+                                   S_DTYPE, SR, offs.numel, ALIGNED, WIDE)
     # 5. soft clip (pass 2 only)
     if USE_CLIP:
         # tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads, nonfinite="propagate")
@@ -292,8 +295,8 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr,
         q = tl.minimum(tl.maximum(q, p0 - r, propagate_nan=tl.PropagateNan.ALL), p0 + r,
                        propagate_nan=tl.PropagateNan.ALL)
     # 8. store p (stream 0), m, v, each rounded to its storage dtype
-    tl.store(p_ptr + offs, _to_storage(q, P_DTYPE, SR, key, g0, 0, offs.numel, ALIGNED),
-             mask=mask)
+    p_st = _to_storage(q, P_DTYPE, SR, key, g0, 0, offs.numel, ALIGNED, WIDE)
+    tl.store(p_ptr + offs, p_st, mask=mask)
     tl.store(m_ptr + offs, m_st, mask=mask)
     tl.store(v_ptr + offs, v_st, mask=mask)
 
