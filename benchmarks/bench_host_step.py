@@ -57,6 +57,8 @@ def _parse() -> argparse.Namespace:
                     help="alternate two gradient sets between steps (as zero_grad(set_to_none="
                          "True) and a backward pass can), outside the timed calls")
     ap.add_argument("--src", default=None, help="import luminamoon from this folder")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time the parts of the plan check one by one (median us a step)")
     return ap.parse_args()
 
 
@@ -70,7 +72,8 @@ def _sync(torch, device) -> None:
 
 
 def bench(torch, LuminaMoon, *, backend: str, device, n: int, numel: int, dtype, mode: str,
-          steps: int, warmup: int, new_grads: bool) -> Dict[str, float]:
+          steps: int, warmup: int, new_grads: bool, breakdown: bool = False
+          ) -> Dict[str, float]:
     gen = torch.Generator().manual_seed(n)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device=device, dtype=dtype))
               for s in _sizes(n, numel)]
@@ -115,10 +118,41 @@ def bench(torch, LuminaMoon, *, backend: str, device, n: int, numel: int, dtype,
                 check_ns.append(t1 - t0)
     finally:
         gc.enable()
+    parts = _breakdown(opt, plan, steps) if breakdown else {}
     step_us = statistics.median(step_ns) / 1e3
     check_us = statistics.median(check_ns) / 1e3
     return dict(step_us=step_us, check_us=check_us, step_per=step_us / n,
-                check_per=check_us / n)
+                check_per=check_us / n, **parts)
+
+
+def _breakdown(opt, plan, steps: int) -> Dict[str, float]:
+    """The plan check's parts (optimizer/_plan.py, take_grads), each timed alone over every
+    launch group: what a step's check spends where. Trees without the layout guard skip it."""
+    import operator
+
+    owners_of = plan.grad_sources
+    layouts = getattr(plan, "owner_layouts", None)
+    grads_of = [[p.grad for p in owners] for owners in owners_of]
+    data_ptr = operator.methodcaller("data_ptr")
+    parts = {
+        "params": lambda: [all(map(operator.is_, g["params"], items))
+                           for g, (_, items) in zip(opt.param_groups, plan.param_lists)],
+        "grads": lambda: [list(map(operator.attrgetter("grad"), o)) for o in owners_of],
+        "dtypes": lambda: [set(map(operator.attrgetter("dtype"), g)) for g in grads_of],
+        "ptrs": lambda: [tuple(map(data_ptr, o)) for o in owners_of],
+        "grad_ptrs": lambda: [tuple(map(data_ptr, g)) for g in grads_of],
+    }
+    if layouts is not None:
+        parts["layouts"] = lambda: [lay.holds(o) for lay, o in zip(layouts, owners_of)]
+    out = {}
+    for name, fn in parts.items():
+        ns = []
+        for _ in range(steps):
+            t0 = time.perf_counter_ns()
+            fn()
+            ns.append(time.perf_counter_ns() - t0)
+        out["part_" + name] = statistics.median(ns) / 1e3
+    return out
 
 
 def main() -> None:
@@ -149,11 +183,16 @@ def main() -> None:
         for mode in modes:
             runs = [bench(torch, LuminaMoon, backend=args.backend, device=device, n=n,
                           numel=args.numel, dtype=dtype, mode=mode, steps=args.steps,
-                          warmup=args.warmup, new_grads=args.new_grads)
+                          warmup=args.warmup, new_grads=args.new_grads,
+                          breakdown=args.breakdown)
                     for _ in range(max(args.repeat, 1))]
             r = {k: min(x[k] for x in runs) for k in runs[0]}
             print(f"{n:>8} {mode:<9} {r['step_us']:>10.1f} {r['step_per']:>10.3f} "
                   f"{r['check_us']:>10.1f} {r['check_per']:>10.3f}", flush=True)
+            parts = {k[5:]: v for k, v in r.items() if k.startswith("part_")}
+            if parts:
+                print("         check parts (us): "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 #   pytest    every test with the marker gpu (a test bundle of every variant for sm_90)
 #   bench     bench_step on both trees (each imports its own python/), the same cases, one run each
 #   sr        the stochastic-rounding modes beside the peers (.whl/: torchao, torch-optimi)
-#   host      bench_host_step on both trees: the host cost of a step of 1000 tiny tensors
+#   host      bench_host_step on both trees (and this one without its native module): the host
+#             cost of a step of 1000 tiny tensors, with the plan check's parts
 #   conv      bench_bf16_convergence: pure bf16 with stochastic rounding, nearest, fp32 (curves)
 #   releases  luminav verify --require-gpu and selftest of bundles other Triton releases built
 #             (build/mxb/triton-*/, from the matrix's --keep-bundles or luminamoon aot build)
@@ -55,8 +56,10 @@ if has sr; then
     --impls luminamoon-triton,torch-adamw-fused,torchao-adamw-bf16sr,optimi-adamw --steps 10 --out "$OUT/bench-sr.csv"
 fi
 if has host; then
-  TAILN=5 stage host-new 100 python3 benchmarks/bench_host_step.py --backend triton --device cuda --tensors 1000 --modes adamw,clip,clip-rel --repeat 3 --src "$NEW"
-  TAILN=5 stage host-old 100 python3 benchmarks/bench_host_step.py --backend triton --device cuda --tensors 1000 --modes adamw,clip,clip-rel --repeat 3 --src .oldtree/python
+  H="benchmarks/bench_host_step.py --backend triton --device cuda --tensors 1000 --modes adamw,clip,clip-rel --repeat 3 --breakdown"
+  TAILN=8 stage host-new 100 python3 $H --src "$NEW"
+  TAILN=8 stage host-new-py 100 python3 $H --src python   # the same tree without its native module
+  TAILN=8 stage host-old 100 python3 $H --src .oldtree/python
 fi
 if has conv; then
   TAILN=8 stage conv ${CONV_LIMIT:-240} env PYTHONPATH="$NEW" python3 benchmarks/bench_bf16_convergence.py --csv "$OUT/conv.csv"
