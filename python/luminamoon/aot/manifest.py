@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from . import compat
 from .cubin import CubinError, parse_cubin
 from .files import read_bundle_file
-from .rules import (CODES, CUBIN_MAX_BYTES, JSON_MAX_DEPTH, MANIFEST_MAX_BYTES, NAME_MAX_BYTES,
+from .manifest_json import parse_manifest_bytes
+from .rules import (CODES, CUBIN_MAX_BYTES, MANIFEST_MAX_BYTES, NAME_MAX_BYTES,
                     RULES, BundleError)
 
 __all__ = ["BundleError", "CODES", "RULES", "FORMAT", "FORMAT_VERSION", "check_cubin",
@@ -34,7 +35,6 @@ V1_TABLE_COLS = 12
 MANIFEST_NAME = "manifest.json"
 KERNEL_NAMES = ("pass1", "reduce", "pass2", "single_pass", "commit")
 MAX_TRAILING_SCRATCH_PTRS = 2
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_SCRATCH_BYTES = 1 << 40
 MAX_SCRATCH_ALIGN = 1 << 20
 MAX_SHARED_MEM = (1 << 31) - 1
@@ -87,85 +87,6 @@ def is_manifest_type_word(word: Any) -> bool:
 
 def manifest_param_bytes(word: str) -> int:
     return compat.POINTER_BYTES if word.startswith("*") else compat.param_bytes(word)
-
-
-# --------------------------------------------------------------------------------------------
-# The JSON profile (rule J)
-# --------------------------------------------------------------------------------------------
-class _JsonRefusal(Exception):
-    pass
-
-
-def _json_int(text: str) -> int:
-    if len(text) > 20:
-        raise _JsonRefusal(f"the number {text[:24]}... is outside the int64 range")
-    v = int(text)
-    if not INT64_MIN <= v <= INT64_MAX:
-        raise _JsonRefusal(f"the number {text} is outside the int64 range")
-    return v
-
-
-def _json_float(text: str) -> float:
-    raise _JsonRefusal(f"the number {text[:24]} is not an integer (the manifest holds integers "
-                       "only)")
-
-
-def _json_constant(text: str) -> float:
-    raise _JsonRefusal(f"{text} is not JSON")
-
-
-def _json_object(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _JsonRefusal(f"the key {json.dumps(k)} twice in one object")
-        out[k] = v
-    return out
-
-
-def _check_tree(doc: Any) -> None:
-    """Depth (rule J4) and lone surrogates (J2) over the parsed tree, without recursion."""
-    stack = [(doc, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, (dict, list)):
-            if depth > JSON_MAX_DEPTH:
-                raise _JsonRefusal(f"nesting deeper than {JSON_MAX_DEPTH}")
-            items = v.items() if isinstance(v, dict) else ((None, x) for x in v)
-            for k, x in items:
-                if k is not None:
-                    k.encode("utf-8")
-                stack.append((x, depth + 1))
-        elif isinstance(v, str):
-            v.encode("utf-8")
-
-
-def parse_manifest_bytes(raw: bytes, path: str = MANIFEST_NAME) -> Any:
-    """The manifest's JSON, read by the rule book's profile (rules J1-J5), or
-    ``BundleError(bad_json)``."""
-    def refuse(why: str) -> BundleError:
-        return BundleError("bad_json", path, "(file)", "valid UTF-8 JSON of the manifest profile",
-                           why, _FIX_REBUILD)
-
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raise refuse("a UTF-8 byte-order mark")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise refuse(f"invalid UTF-8 at byte {exc.start}") from None
-    try:
-        doc = json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int,
-                         parse_float=_json_float, parse_constant=_json_constant)
-        _check_tree(doc)
-    except _JsonRefusal as exc:
-        raise refuse(str(exc)) from None
-    except RecursionError:
-        raise refuse(f"nesting deeper than {JSON_MAX_DEPTH}") from None
-    except UnicodeEncodeError:
-        raise refuse("a lone surrogate (\\ud800-\\udfff) in a string") from None
-    except json.JSONDecodeError as exc:
-        raise refuse(f"unparsable text ({exc})") from None
-    return doc
 
 
 # --------------------------------------------------------------------------------------------
