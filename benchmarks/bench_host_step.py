@@ -145,6 +145,8 @@ def _breakdown(opt, plan, steps: int) -> Dict[str, float]:
     if layouts is not None:
         parts["layouts"] = lambda: [lay.holds(o) for lay, o in zip(layouts, owners_of)]
     out = {}
+    if layouts is not None:  # 1: torch's TensorGuards, 0: the tuples compared in Python
+        out["guard_is_torch"] = float(all(lay.guards is not None for lay in layouts))
     for name, fn in parts.items():
         ns = []
         for _ in range(steps):
@@ -193,6 +195,10 @@ def main() -> None:
             if parts:
                 print("         check parts (us): "
                       + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()), flush=True)
+            if "guard_is_torch" in r:
+                print("         layout guard: "
+                      + ("torch TensorGuards" if r["guard_is_torch"] else "tuples in Python"),
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -21,3 +21,4 @@ def test_breakdown_prints_every_part_of_the_check():
     for line in parts:
         names = [p.split()[0] for p in line.split(", ")]
         assert names == ["params", "grads", "dtypes", "ptrs", "grad_ptrs", "layouts"], line
+    assert len(re.findall(r"layout guard: (torch TensorGuards|tuples in Python)$", out, re.M)) == 2
