@@ -1,4 +1,4 @@
-// tests/test_elf.cpp: the strict cubin reader (src/aot/elf.cpp)
+// tests/test_elf.cpp: the strict cubin reader (src/aot/elf.cpp, elf_records.cpp)
 //
 // Real cubins of Triton 3.6 (the shared corpus's base/: sm_80, sm_90 and sm_100) and the test
 // fakes parse, with their arch, entry symbol, parameter layout and block size (and the sm_100

@@ -10,8 +10,9 @@ and later also the Mercury copy of each kernel (``.nv.capmerc.text.<kernel>``, t
 ``.nv.merc.*`` sections and their own symbol table), which the driver can finalize instead of
 the SASS.
 
-The C++ loader has the same reader (optimizer/luminav-triton-aot/src/aot/elf.cpp); the shared
-corpus under tests/data/bundles holds cubins both must refuse with the same code.
+The C++ loader has the same reader (optimizer/luminav-triton-aot/src/aot/elf.cpp and
+elf_records.cpp); the shared corpus under tests/data/bundles holds cubins both must refuse with
+the same code.
 """
 from __future__ import annotations
 
