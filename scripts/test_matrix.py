@@ -472,8 +472,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="folder for logs and the summary (default build/matrix)")
     ap.add_argument("--pairs", default="", help="comma-separated torch releases to run "
                     "(default: all of " + ", ".join(p.torch for p in PAIRS) + ")")
-    ap.add_argument("--timeout", type=float, default=600,
-                    help="seconds allowed per pair: install and tests (default 600)")
+    ap.add_argument("--timeout", type=float, default=1200,
+                    help="seconds allowed per pair: install and tests (default 1200; a pair "
+                    "takes 3 to 11 minutes on two cores, by the machine)")
     ap.add_argument("--keep-bundles", type=Path, default=None,
                     help="keep each Triton's bundle (sm_90; fp32 and bf16 storage) under this "
                     "folder as triton-<version>/ (for the GPU run)")
