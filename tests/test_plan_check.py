@@ -1,6 +1,7 @@
 """The step's plan check: a p.data swapped between steps for another tensor or view (another
-shape, dtype, strides, offset or storage) is seen before any launch, with the fast check
-(torch's TensorGuards) and with its Python fallback; an unchanged step keeps its plan."""
+shape, dtype, strides, offset or storage), or a gradient of another layout than the plan's, is
+seen before any launch, with the fast check (torch's TensorGuards) and with its Python fallback;
+an unchanged step keeps its plan."""
 from __future__ import annotations
 
 import pytest
@@ -108,3 +109,46 @@ def test_another_storage_of_the_same_layout_is_seen(backend, check):
     opt.step()
     assert torch.equal(old, before)  # the replaced tensor is not written
     assert not torch.equal(p.detach(), torch.zeros(4, 6))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gradient_of_another_layout_rebuilds_the_plan(backend, check):
+    # the plan was made for a contiguous gradient; the next one is a transposed copy (as
+    # torch's .grad setter allows: same shape, dtype and device)
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(6, 5))
+    twin = torch.nn.Parameter(p.detach().clone())
+    opts = [_stepped(x, backend, lr=1e-2) for x in (p, twin)]
+    plan = opts[0]._plan
+    g = torch.randn(6, 5)
+    strided = torch.empty(5, 6).t()
+    strided.copy_(g)
+    assert not strided.is_contiguous()
+    p.grad, twin.grad = strided, g.clone()
+    for opt in opts:
+        opt.step()
+    assert opts[0]._plan is not plan and opts[0]._plan.groups[0].modes is not None
+    assert torch.equal(p, twin)
+    assert torch.equal(opts[0].state[p]["exp_avg"], opts[1].state[twin]["exp_avg"])
+    # and back to a contiguous gradient: the plan follows again
+    plan = opts[0]._plan
+    p.grad = g.clone()
+    opts[0].step()
+    assert opts[0]._plan is not plan
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gradient_whose_dtype_changed_under_it_is_seen(backend, check):
+    # grad.data swapped for another dtype (the .grad setter would refuse it; .data does not)
+    p = torch.nn.Parameter(torch.randn(4, 6))
+    opt = _stepped(p, backend)
+    plan = opt._plan
+    p.grad.data = torch.ones(4, 6, dtype=torch.float64)
+    try:
+        opt.step()
+    except (TypeError, ValueError) as exc:  # a backend that reads only its own dtype
+        assert "float64" in str(exc)
+        assert int(opt.state[p]["step"]) == 1
+    else:  # the plan was rebuilt for the float64 gradient, not read as float32
+        assert opt._plan is not plan
+        assert int(opt.state[p]["step"]) == 2

@@ -109,7 +109,7 @@ class _Plan:
         self.keys = keys  # per param group: _plan_key
         self.without_grad = without_grad  # parameters that had no gradient
         self.sharded = sharded  # any DTensor parameter: grads are read through their local shard
-        self.owner_ptrs, self.owner_layouts = [], []
+        self.owner_ptrs, self.owner_layouts, self.grad_layouts = [], [], []
         for g, owners in zip(groups, grad_sources):
             # the addresses the backends read (param_ptrs: flat views or staging buffers where
             # a layout needs them), and the owners' own, checked every step
@@ -117,6 +117,12 @@ class _Plan:
             local = [local_tensor(p) for p in owners] if sharded else owners
             self.owner_ptrs.append(tuple(map(_DATA_PTR, local)))
             self.owner_layouts.append(_LayoutGuard(local))
+            # the gradients' dtype and layout the launch modes were chosen for: a step whose
+            # gradient has another (a transposed copy, another dtype) rebuilds the plan, which
+            # stages that gradient, instead of reaching a backend's refusal
+            grads = [p.grad for p in owners]
+            self.grad_layouts.append(
+                _LayoutGuard([local_tensor(x) for x in grads] if sharded else grads))
 
     def release_grads(self) -> None:
         """Drops this step's gradients (and their addresses): none is kept alive between steps."""
@@ -156,21 +162,21 @@ def take_grads(plan: _Plan, groups: List[Dict[str, Any]]) -> bool:
     for i, (launch, owners) in enumerate(zip(plan.groups, plan.grad_sources)):
         grads = list(map(_GRAD, owners))
         try:
-            # None (a gradient gone) has no dtype; a sparse gradient has no data pointer
-            if set(map(_DTYPE, grads)) != {launch.grad_dtype}:
-                return False
+            # None (a gradient gone) has no data pointer, nor has a sparse gradient; the
+            # gradients' dtype and layout are the guard's
             local = [local_tensor(p) for p in owners] if plan.sharded else owners
             if plan.sharded:
                 grads = [local_tensor(g) for g in grads]
             if (tuple(map(_DATA_PTR, local)) != plan.owner_ptrs[i]
-                    or not plan.owner_layouts[i].holds(local)):
+                    or not plan.owner_layouts[i].holds(local)
+                    or not plan.grad_layouts[i].holds(grads)):
                 return False
             if launch.modes is not None:
                 grads = launch_grads(launch, grads, owners)
                 if grads is None:
                     return False
             grad_ptrs = tuple(map(_DATA_PTR, grads))
-        except (AttributeError, RuntimeError, TypeError):
+        except (AttributeError, RuntimeError, TypeError, ValueError):
             return False
         taken.append((grads, grad_ptrs))
     for launch, (grads, grad_ptrs) in zip(plan.groups, taken):
