@@ -94,36 +94,37 @@ def generate(base: str, man: Dict[str, Any], count: int, seed: int) -> List[Dict
     def add(family: str, what: str, ops: List[Dict[str, Any]]) -> None:
         out.append({"id": f"{family}-{len(out):05d}", "family": family, "what": what, "ops": ops})
 
+    def add_field(family: str, c: str, v: CubinView, what, at: int, width: int) -> None:
+        """A mutant that sets the width-byte field at ``at`` of cubin c to an edge value;
+        ``what(old, new)`` describes it."""
+        old = int.from_bytes(v.data[at:at + width], "little")
+        new = _edge(rng, width, old, v)
+        add(family, f"{c}: {what(old, new)}", [_patch(c, at, new, width),
+                                               {"op": "rehash", "file": c}])
+
     for _ in range(plan["elf_header"]):
         c = rng.choice(cubins)
         v = views[c]
         name, off, width = rng.choice(EH_FIELDS)
-        old = int.from_bytes(v.data[off:off + width], "little")
-        new = _edge(rng, width, old, v)
-        add("elf_header", f"{c}: {name} {old:#x} -> {new:#x}",
-            [_patch(c, off, new, width), {"op": "rehash", "file": c}])
+        add_field("elf_header", c, v, lambda old, new: f"{name} {old:#x} -> {new:#x}", off, width)
     for _ in range(plan["elf_section"]):
         c = rng.choice(cubins)
         v = views[c]
         i = rng.randrange(v.shnum)
         name, off, width = rng.choice(SH_FIELDS)
-        at = v.shoff + 64 * i + off
-        old = int.from_bytes(v.data[at:at + width], "little")
-        new = _edge(rng, width, old, v)
         sec = v.info.sections[i].name or "(null)"
-        add("elf_section", f"{c}: section {i} {sec} sh_{name} {old:#x} -> {new:#x}",
-            [_patch(c, at, new, width), {"op": "rehash", "file": c}])
+        add_field("elf_section", c, v,
+                  lambda old, new: f"section {i} {sec} sh_{name} {old:#x} -> {new:#x}",
+                  v.shoff + 64 * i + off, width)
     for _ in range(plan["elf_symbol"]):
         c = rng.choice(cubins)
         v = views[c]
         symtab = next(s for s in v.info.sections if s.type == 2)
         j = rng.randrange(symtab.size // 24)
         name, off, width = rng.choice(SYM_FIELDS)
-        at = symtab.offset + 24 * j + off
-        old = int.from_bytes(v.data[at:at + width], "little")
-        new = _edge(rng, width, old, v)
-        add("elf_symbol", f"{c}: symbol {j} {v.info.symbols[j].name or '(null)'} st_{name} "
-            f"{old:#x} -> {new:#x}", [_patch(c, at, new, width), {"op": "rehash", "file": c}])
+        sym = v.info.symbols[j].name or "(null)"
+        add_field("elf_symbol", c, v, lambda old, new: f"symbol {j} {sym} st_{name} "
+                  f"{old:#x} -> {new:#x}", symtab.offset + 24 * j + off, width)
     for _ in range(plan["elf_nvinfo"]):
         c = rng.choice(cubins)
         v = views[c]
@@ -138,10 +139,9 @@ def generate(base: str, man: Dict[str, Any], count: int, seed: int) -> List[Dict
         else:
             width = rng.choice([w for w in (1, 2, 4) if w <= max(size, 1)])
             at = val + rng.randrange(max(size - width + 1, 1))
-        old = int.from_bytes(v.data[at:at + width], "little")
-        new = _edge(rng, width, old, v)
-        add("elf_nvinfo", f"{c}: .nv.info record at {rec:#x} {where} {old:#x} -> {new:#x}",
-            [_patch(c, at, new, width), {"op": "rehash", "file": c}])
+        add_field("elf_nvinfo", c, v,
+                  lambda old, new: f".nv.info record at {rec:#x} {where} {old:#x} -> {new:#x}",
+                  at, width)
     for _ in range(plan["elf_bytes"]):
         c = rng.choice(cubins)
         v = views[c]

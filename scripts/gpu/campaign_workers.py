@@ -74,14 +74,20 @@ def driver_worker() -> int:
             res["function"] = name(cu.cuModuleGetFunction(ctypes.byref(fn), mod, entry.encode()))
             res["unload"] = name(cu.cuModuleUnload(mod))
         res["sync"] = name(cu.cuCtxSynchronize())
-        if res["sync"] != "CUDA_SUCCESS":
-            res["exits"] = WORKER_EXITS  # the context is broken: the parent starts a fresh worker
-        out.write(json.dumps(res) + "\n")
-        out.flush()
-        if res.get("exits"):
+        if _report(out, res, broken=res["sync"] != "CUDA_SUCCESS"):
             return WORKER_EXITS
     return 0
 
+
+
+def _report(out, res: Dict[str, Any], broken: bool) -> bool:
+    """Writes one mutant's result line; True when the worker must exit (a broken context: the
+    parent starts a fresh worker)."""
+    if broken:
+        res["exits"] = WORKER_EXITS
+    out.write(json.dumps(res) + "\n")
+    out.flush()
+    return bool(res.get("exits"))
 
 def driver_verdict(res: Dict[str, Any]) -> str:
     if "worker" in res:
@@ -359,10 +365,6 @@ def aot_worker() -> int:
                                aot_field=str(error).splitlines()[0][:160] if str(error) else "")
                 # nothing may have been launched: the parameters are untouched
                 res["aot_untouched"] = all(torch.equal(a, b) for a, b in zip(params, init))
-        if "aot_sticky" in res:
-            res["exits"] = WORKER_EXITS  # the context is broken: the parent starts a fresh worker
-        out.write(json.dumps(res) + "\n")
-        out.flush()
-        if res.get("exits"):
+        if _report(out, res, broken="aot_sticky" in res):
             return WORKER_EXITS
     return 0

@@ -101,6 +101,14 @@ _TC: tl.constexpr = tl.constexpr(TABLE_COLS)
 
 
 @triton.jit
+def _adam_scalars(sign, beta1, beta2, eps):
+    """The scalars both passes take, as float32 (the interpreter hands Python floats over;
+    compiled, these casts are no-ops)."""
+    return (tl.cast(sign, tl.float32), tl.cast(beta1, tl.float32), tl.cast(beta2, tl.float32),
+            tl.cast(eps, tl.float32))
+
+
+@triton.jit
 def _elem_ptr(addr, DTYPE: tl.constexpr):
     """An element pointer of dtype code DTYPE (0 fp32, 1 bf16, 2 fp16) from an int64 address.
 
@@ -330,11 +338,8 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
                         SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
                         CHECK_FLAG: tl.constexpr, BLOCK: tl.constexpr):
     """Pass 2 for the block of program_id(0): the body of both update kernels."""
-    # float32 scalars (the interpreter hands Python floats over; compiled, these are no-ops)
-    sign = tl.cast(sign, tl.float32)
-    beta1 = tl.cast(beta1, tl.float32)
-    beta2 = tl.cast(beta2, tl.float32)
-    eps = tl.cast(eps, tl.float32)
+    sign, beta1, beta2, eps = _adam_scalars(sign, beta1, beta2, eps)
+    # (float32, as _adam_scalars)
     weight_decay = tl.cast(weight_decay, tl.float32)
     clip = tl.cast(clip, tl.float32)
     bound = tl.cast(bound, tl.float32)
@@ -416,11 +421,7 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
                                G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
                                NEED_SUM: tl.constexpr, BLOCK: tl.constexpr):
     """Per block: partial_sum = sum of u*u (NEED_SUM) and partial_bad = any non-finite grad."""
-    # float32 scalars (the interpreter hands Python floats over; compiled, these are no-ops)
-    sign = tl.cast(sign, tl.float32)
-    beta1 = tl.cast(beta1, tl.float32)
-    beta2 = tl.cast(beta2, tl.float32)
-    eps = tl.cast(eps, tl.float32)
+    sign, beta1, beta2, eps = _adam_scalars(sign, beta1, beta2, eps)
     pid = tl.program_id(0)
     row = tl.load(block_map + pid)
     (_p_addr, g_addr, m_addr, v_addr, _p0_addr, step_addr, numel, block_start, elem_offset,
