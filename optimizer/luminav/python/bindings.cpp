@@ -224,7 +224,10 @@ NB_MODULE(_luminav, m) {
       .def("first_nonfinite", &CpuGroup::first_nonfinite, nb::call_guard<nb::gil_scoped_release>())
       .def("set_grads", &CpuGroup::set_grads, "grads"_a)
       .def("__len__", &CpuGroup::size)
-      .def_prop_ro("num_threads", &CpuGroup::num_threads);
+      .def_prop_ro("num_threads", &CpuGroup::num_threads)
+      .def_prop_ro("thread_pool", &CpuGroup::thread_pool,
+                   "'threads' (the engine's own) or 'openmp (<library>)': the OpenMP team of a runtime "
+                   "already loaded in the process (torch's), which runs the passes");
 
   m.def("variant_keys", [](const GroupConfig& config) {
     const luminav::gpu::VariantKeys k = luminav::gpu::variant_keys(config);

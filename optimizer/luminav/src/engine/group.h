@@ -62,6 +62,8 @@ class CpuGroup {
   const GroupConfig& config() const { return cfg_; }
   std::size_t size() const { return rows_.size(); }
   int num_threads() const { return pool_->size(); }
+  // "threads" or "openmp (<library>)": what runs the passes (engine/thread_pool.h)
+  std::string thread_pool() const { return pool_->kind(); }
 
  private:
   GroupConfig cfg_;

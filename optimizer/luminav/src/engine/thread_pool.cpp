@@ -1,6 +1,8 @@
 // src/engine/thread_pool.cpp: the CPU engine's fixed pool of worker threads
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -11,6 +13,10 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <dlfcn.h>
+#include <link.h>
 #endif
 
 namespace luminav {
@@ -30,7 +36,68 @@ inline void pause() {
 
 }  // namespace
 
+// The GOMP entry points of an OpenMP runtime loaded in the process (libgomp's ABI, which
+// libiomp5 and LLVM's libomp also export).
+struct OpenMpTeam {
+  void (*parallel)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) = nullptr;
+  int (*max_threads)() = nullptr;
+  std::string library;  // the file name, for kind()
+};
+
+namespace {
+
+#if defined(__linux__)
+bool is_openmp_runtime(const char* path) {
+  const char* slash = std::strrchr(path, '/');
+  const char* base = slash ? slash + 1 : path;
+  for (const char* prefix : {"libgomp", "libiomp5", "libomp"})
+    if (std::strncmp(base, prefix, std::strlen(prefix)) == 0) return true;
+  return false;
+}
+
+int find_runtime(struct dl_phdr_info* info, size_t, void* out) {
+  if (info->dlpi_name && *info->dlpi_name && is_openmp_runtime(info->dlpi_name)) {
+    *static_cast<std::string*>(out) = info->dlpi_name;
+    return 1;
+  }
+  return 0;
+}
+
+// A runtime that is already loaded (never loads one): its handle stays open for the process.
+const OpenMpTeam* loaded_openmp() {
+  std::string path;
+  dl_iterate_phdr(find_runtime, &path);
+  if (path.empty()) return nullptr;
+  void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (!handle) return nullptr;
+  auto* team = new OpenMpTeam();  // one per pool, never freed (pools live for the process)
+  team->parallel = reinterpret_cast<decltype(team->parallel)>(dlsym(handle, "GOMP_parallel"));
+  team->max_threads = reinterpret_cast<decltype(team->max_threads)>(dlsym(handle, "omp_get_max_threads"));
+  const char* slash = std::strrchr(path.c_str(), '/');
+  team->library = slash ? slash + 1 : path;
+  if (!team->parallel || !team->max_threads) {
+    delete team;
+    return nullptr;
+  }
+  return team;
+}
+#else
+const OpenMpTeam* loaded_openmp() { return nullptr; }
+#endif
+
+bool own_threads_asked() {
+  const char* env = std::getenv("LUMINAV_CPU_POOL");
+  return env && std::strcmp(env, "threads") == 0;
+}
+
+}  // namespace
+
 ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0 && !own_threads_asked()) omp_ = loaded_openmp();
+  if (omp_) {
+    size_ = 0;  // the team's size is read at each job
+    return;
+  }
   if (num_threads <= 0) {
     num_threads = static_cast<int>(std::thread::hardware_concurrency());
     if (num_threads <= 0) num_threads = 1;
@@ -81,34 +148,54 @@ void ThreadPool::worker_loop() {
   }
 }
 
+int ThreadPool::size() const { return omp_ ? std::max(1, omp_->max_threads()) : size_; }
+
+std::string ThreadPool::kind() const { return omp_ ? "openmp (" + omp_->library + ")" : "threads"; }
+
+void ThreadPool::run_blocks_entry(void* pool) { static_cast<ThreadPool*>(pool)->run_blocks(); }
+
+void ThreadPool::prepare_job(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn,
+                             int threads) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  job_ = &fn;
+  job_n_ = n;
+  // a few blocks per thread, so a thread that starts late still gets its share
+  block_ = std::max<std::int64_t>(1, n / (4 * static_cast<std::int64_t>(threads)));
+  next_.store(0, std::memory_order_relaxed);
+  error_ = nullptr;
+}
+
 void ThreadPool::parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn) {
   if (n <= 0) return;
   // One caller at a time: the pool is shared by every group of an engine.
   std::lock_guard<std::mutex> call_lock(call_mutex_);
-  if (size_ == 1 || n == 1) {
+  const int threads = size();
+  if (threads == 1 || n == 1) {
     fn(0, n);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    job_n_ = n;
-    // a few blocks per thread, so a thread that starts late still gets its share
-    block_ = std::max<std::int64_t>(1, n / (4 * static_cast<std::int64_t>(size_)));
-    next_.store(0, std::memory_order_relaxed);
-    error_ = nullptr;
-    pending_.store(size_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
-  }
-  wake_.notify_all();
-  run_blocks();
-  // The workers end their last blocks within microseconds of the caller (the blocks are small
-  // and taken in turn): a short spin on pending_ before sleeping saves the caller's futex sleep
-  // and wake-up on most jobs. Only the caller spins, only here; the workers still sleep.
-  for (int spin = 0; spin < kDoneSpins && pending_.load(std::memory_order_acquire) != 0; ++spin) pause();
-  if (pending_.load(std::memory_order_acquire) != 0) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+  if (omp_) {
+    // the team runs the blocks (run_blocks catches every exception: none crosses the runtime)
+    // and GOMP_parallel returns once every thread of it is done
+    prepare_job(n, fn, threads);
+    omp_->parallel(&ThreadPool::run_blocks_entry, this, static_cast<unsigned>(threads), 0);
+  } else {
+    prepare_job(n, fn, threads);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_.store(size_ - 1, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    run_blocks();
+    // The workers end their last blocks within microseconds of the caller (the blocks are small
+    // and taken in turn): a short spin on pending_ before sleeping saves the caller's futex sleep
+    // and wake-up on most jobs. Only the caller spins, only here; the workers still sleep.
+    for (int spin = 0; spin < kDoneSpins && pending_.load(std::memory_order_acquire) != 0; ++spin) pause();
+    if (pending_.load(std::memory_order_acquire) != 0) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
   }
   std::exception_ptr error;
   {

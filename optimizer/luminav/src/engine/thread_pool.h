@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,8 +22,20 @@ class ThreadPool;
 // results: every reduction the engine does is over fixed chunks combined in index order.
 // (Workers sleep between jobs: spinning for the next one made a step slower where torch's own
 // OpenMP threads spin on the same cores after the backward pass.)
+//
+// With num_threads <= 0 and an OpenMP runtime already loaded in the process (torch's libgomp,
+// or another runtime with the GOMP entry points: libiomp5, libomp), the pool makes no threads of
+// its own: parallel_for runs its blocks on that runtime's team (GOMP_parallel, as many threads as
+// omp_get_max_threads(), which torch.set_num_threads sets). Its threads are the ones torch's own
+// CPU kernels use, already awake after the backward pass, so the step's passes neither wait for
+// a wake-up nor compete for the cores with threads that spin. LUMINAV_CPU_POOL=threads keeps
+// the pool's own threads (Linux only looks for a runtime; elsewhere the pool is always its own).
 std::shared_ptr<ThreadPool> make_thread_pool(int num_threads);  // <= 0: hardware_concurrency
 int thread_pool_size(const ThreadPool& pool);
+
+// The OpenMP runtime a pool runs on (thread_pool.cpp): GOMP_parallel and omp_get_max_threads
+// of a loaded library, or null.
+struct OpenMpTeam;
 
 class ThreadPool {
  public:
@@ -31,7 +44,10 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int size() const { return size_; }
+  // Threads a job runs on (an OpenMP team's: omp_get_max_threads() now).
+  int size() const;
+  // "threads" (the pool's own) or "openmp (<library file>)".
+  std::string kind() const;
   // Calls fn(begin, end) on contiguous, disjoint ranges covering [0, n), and returns when all
   // are done; the first exception thrown by any range is rethrown here.
   void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn);
@@ -39,6 +55,10 @@ class ThreadPool {
  private:
   void worker_loop();
   void run_blocks();
+  static void run_blocks_entry(void* pool);  // an OpenMP team thread's body
+  void prepare_job(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn, int threads);
+
+  const OpenMpTeam* omp_ = nullptr;
 
   int size_ = 1;
   std::vector<std::thread> workers_;

@@ -1,0 +1,64 @@
+"""The cpu backend runs its passes on the OpenMP team torch itself uses (the one its CPU kernels
+run on) when torch has loaded an OpenMP runtime, else on threads of its own
+(engine/thread_pool.h); LUMINAV_CPU_POOL=threads keeps its own. Either pool gives the same bits."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import native_available
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="the native module is not built")
+
+# A few steps of bf16 params and moments with stochastic rounding and the clip (both passes,
+# the direction cache, every rounding stream), then a digest of every tensor's bits.
+_RUN = textwrap.dedent("""
+    import hashlib, sys, torch
+    from luminamoon import LuminaMoon
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s).to(torch.bfloat16))
+              for s in [(300, 77), (4099,), (5,), (64, 64)]]
+    opt = LuminaMoon(params, lr=1e-2, backend="cpu", seed=3, state_dtype=torch.bfloat16,
+                     clip=1.0, nonfinite="skip")
+    for step in range(4):
+        for p in params:
+            p.grad = torch.randn(p.shape).to(torch.bfloat16)
+        opt.step()
+    native = next(v.native for v in opt._plan.groups[0].cache.values() if hasattr(v, "native"))
+    h = hashlib.sha256()
+    for p in params:
+        for t in (p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]):
+            h.update(t.view(torch.int16).numpy().tobytes())
+    print(native.thread_pool, native.num_threads, h.hexdigest(), sep="|")
+""")
+
+
+def _run(**env) -> list:
+    """[pool kind, threads, digest] of _RUN in a fresh interpreter, LUMINAV_CPU_POOL unset
+    unless given."""
+    base = {k: v for k, v in os.environ.items() if k != "LUMINAV_CPU_POOL"}
+    out = subprocess.run([sys.executable, "-c", _RUN], capture_output=True, text=True,
+                         env={**base, **env}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1].split("|")
+
+
+def _torch_has_openmp() -> bool:
+    return "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
+
+
+@pytest.mark.skipif(not _torch_has_openmp(), reason="this torch runs no OpenMP runtime (Linux)")
+def test_the_passes_run_on_torchs_openmp_team_and_give_the_bits_of_its_own_threads():
+    kind, threads, digest = _run()
+    assert kind.startswith("openmp (") and "omp" in kind, kind
+    assert int(threads) == torch.get_num_threads()
+    own = _run(LUMINAV_CPU_POOL="threads")
+    assert own[0] == "threads"
+    assert own[2] == digest  # the same bits on either pool
+    one = _run(OMP_NUM_THREADS="1")  # torch.set_num_threads(1) in effect: a team of one
+    assert one[0] == kind and one[1] == "1" and one[2] == digest
