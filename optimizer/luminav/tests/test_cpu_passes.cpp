@@ -116,7 +116,9 @@ TEST(CpuPasses, DirectionCacheGivesTheBitsOfRecomputing) {
   for (const GroupConfig& cfg : {config(DType::kFloat32, DType::kFloat32, false),
                                  config(DType::kBFloat16, DType::kBFloat16, true),
                                  config(DType::kBFloat16, DType::kFloat32, true),
-                                 config(DType::kFloat32, DType::kBFloat16, false)}) {
+                                 config(DType::kFloat32, DType::kBFloat16, false),
+                                 config(DType::kFloat32, DType::kBFloat16, true),
+                                 config(DType::kBFloat16, DType::kBFloat16, true, NonFinite::kPropagate)}) {
     Group cached(cfg, kSizes, 3), plain(cfg, kSizes, 3);
     cpu::DirectionCache cache;
     for (int step = 1; step <= 6; ++step) {
@@ -128,7 +130,30 @@ TEST(CpuPasses, DirectionCacheGivesTheBitsOfRecomputing) {
       ASSERT_TRUE(cached.same_state(plain)) << "step " << step;
     }
     EXPECT_FALSE(cache.u.empty());
+    // with bf16 moments pass 1 keeps m' and v' too, and pass 2 copies them
+    EXPECT_EQ(cache.m.size(), cfg.state_dtype == DType::kBFloat16 ? cache.u.size() : 0u);
+    EXPECT_EQ(cache.v.size(), cache.m.size());
   }
+}
+
+TEST(CpuPasses, KeptMomentsGiveTheBitsOfRecomputingWithNonFiniteGradients) {
+  // nonfinite "propagate" with bf16 moments: a NaN and an inf gradient element make m', v' (and
+  // tau) non-finite; the kept bits are the ones pass 2 would store
+  auto pool = cpu::make_thread_pool(2);
+  const GroupConfig cfg = config(DType::kBFloat16, DType::kBFloat16, true, NonFinite::kPropagate);
+  Group cached(cfg, kSizes, 5), plain(cfg, kSizes, 5);
+  cpu::DirectionCache cache;
+  for (int step = 1; step <= 3; ++step) {
+    for (Group* grp : {&cached, &plain}) {
+      grp->new_grads(200 + step);
+      Group::put(cfg.grad_dtype, grp->g[4], 3, std::numeric_limits<float>::quiet_NaN());
+      Group::put(cfg.grad_dtype, grp->g[8], 70000, -std::numeric_limits<float>::infinity());
+    }
+    cached.step(*pool, &cache);
+    plain.step(*pool, nullptr);
+    ASSERT_TRUE(cached.same_state(plain)) << "step " << step;
+  }
+  EXPECT_FALSE(cache.m.empty());
 }
 
 TEST(CpuPasses, ClipFastPathMatchesTanhOnEveryElement) {

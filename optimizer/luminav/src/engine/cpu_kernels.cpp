@@ -11,8 +11,9 @@
 // combines the partials of tensor j in index order, so it does not depend on the thread count.
 // With the clip, pass 1 can keep every u it computes for pass 2 (DirectionCache, cpu_kernels.h,
 // for groups up to kDirectionCacheBytes of them), which then skips step 4's square root and
-// division; pass 2 itself writes the moments and weights, so a refused step changes only the
-// cache.
+// division, and with bf16 moments also m' and v' as stored, which pass 2 then copies instead of
+// computing the moments again (with their two rounding streams); pass 2 itself writes the
+// moments and weights, so a refused step changes only the cache.
 //
 // Vector width: the tile loops are compiled three times on x86-64 (baseline SSE2, AVX2 and
 // AVX-512F) and each pass picks one at run time (cpu_isa()); every loop is elementwise IEEE
@@ -141,6 +142,8 @@ struct Pass1Work {
   RandomWordsFn words;         // the rounding streams at this width (cpu_philox.h)
   float* cache_u;              // null, or DirectionCache::u: row j's element i at base[j] + i
   const std::int64_t* base;
+  std::uint16_t* cache_m;      // null, or DirectionCache::m, ::v (bf16 moments), as cache_u
+  std::uint16_t* cache_v;
 };
 
 struct Pass2Work {
@@ -154,6 +157,8 @@ struct Pass2Work {
   RandomWordsFn words;
   const float* cache_u;        // null: u recomputed; else pass 1's, as in Pass1Work
   const std::int64_t* base;
+  const std::uint16_t* cache_m;  // null: the moments recomputed; else pass 1's m', v' as stored
+  const std::uint16_t* cache_v;
 };
 
 LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int64_t end) {
@@ -183,11 +188,21 @@ LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int
         w.words(c.key, global_first, nt, 2u, tile.w2);
       }
       float* __restrict u = w.cache_u ? w.cache_u + w.base[j] + local : tile.u;
-      switch (state_round(cfg, c)) {
-        case StateRound::kNone: direction_tile<StateRound::kNone>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
-        case StateRound::kBf16Rne: direction_tile<StateRound::kBf16Rne>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
-        case StateRound::kBf16Sr: direction_tile<StateRound::kBf16Sr>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
-        case StateRound::kF16Rne: direction_tile<StateRound::kF16Rne>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
+      if (w.cache_m) {  // bf16 moments: m', v' kept for pass 2 too
+        std::uint16_t* ms = w.cache_m + w.base[j] + local;
+        std::uint16_t* vs = w.cache_v + w.base[j] + local;
+        if (state_round(cfg, c) == StateRound::kBf16Sr) {
+          direction_tile_keep<StateRound::kBf16Sr>(c, nt, g, m, v, u, tile.w1, tile.w2, ms, vs);
+        } else {
+          direction_tile_keep<StateRound::kBf16Rne>(c, nt, g, m, v, u, tile.w1, tile.w2, ms, vs);
+        }
+      } else {
+        switch (state_round(cfg, c)) {
+          case StateRound::kNone: direction_tile<StateRound::kNone>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
+          case StateRound::kBf16Rne: direction_tile<StateRound::kBf16Rne>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
+          case StateRound::kBf16Sr: direction_tile<StateRound::kBf16Sr>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
+          case StateRound::kF16Rne: direction_tile<StateRound::kF16Rne>(c, nt, g, m, v, u, tile.w1, tile.w2); break;
+        }
       }
       int i = 0;
       for (; i + kLanes <= nt; i += kLanes)
@@ -225,22 +240,41 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
       const int nt = static_cast<int>(std::min<std::int64_t>(kTile, count - off));
       const std::int64_t local = first + off;
       const std::int64_t global_first = row.elem_offset + local;
-      const float* g = tile_in(cfg.grad_dtype, row.grad, local, nt, tile.g);
-      float* m = tile_inout(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
-      float* v = tile_inout(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
-      float* p = tile_inout(cfg.param_dtype, row.param, local, nt, tile.p);
-      if (c.state_words) {
-        w.words(c.key, global_first, nt, 1u, tile.w1);
-        w.words(c.key, global_first, nt, 2u, tile.w2);
-      }
-      // 1-6: moments, direction, soft clip (pass 2 only), decoupled decay and step. tau == 0
-      // (every u zero) gives 0; a NaN tau (non-finite grads with nonfinite "propagate") gives
-      // NaN, as the kernels and the reference do.
-      const Clip clip = !use_clip ? Clip::kOff : (tau == 0.0f ? Clip::kZero : Clip::kTanh);
       const float decay = 1.0f - lr * wd;
-      const float* cached_u = w.cache_u ? w.cache_u + w.base[j] + local : nullptr;
-      update(state_round(cfg, c), clip, c, nt, tau, decay, lr, g, m, v, p, tile.w1, tile.w2, tile.u,
-             cached_u, tile.large);
+      float* p = nullptr;
+      if (w.cache_m) {
+        // pass 1 kept u and the moments as stored: steps 5-6 from u, the moments copied
+        p = tile_inout(cfg.param_dtype, row.param, local, nt, tile.p);
+        const float* cached_u = w.cache_u + w.base[j] + local;
+        if (tau == 0.0f) {
+          for (int i = 0; i < nt; ++i) p[i] = p[i] * decay - lr * 0.0f;
+        } else {
+          clip_tile(nt, tau, decay, lr, cached_u, p, tile.large);
+        }
+        std::memcpy(static_cast<std::uint16_t*>(row.exp_avg) + local, w.cache_m + w.base[j] + local,
+                    sizeof(std::uint16_t) * static_cast<std::size_t>(nt));
+        std::memcpy(static_cast<std::uint16_t*>(row.exp_avg_sq) + local, w.cache_v + w.base[j] + local,
+                    sizeof(std::uint16_t) * static_cast<std::size_t>(nt));
+      } else {
+        const float* g = tile_in(cfg.grad_dtype, row.grad, local, nt, tile.g);
+        float* m = tile_inout(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
+        float* v = tile_inout(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
+        float* pp = tile_inout(cfg.param_dtype, row.param, local, nt, tile.p);
+        if (c.state_words) {
+          w.words(c.key, global_first, nt, 1u, tile.w1);
+          w.words(c.key, global_first, nt, 2u, tile.w2);
+        }
+        // 1-6: moments, direction, soft clip (pass 2 only), decoupled decay and step. tau == 0
+        // (every u zero) gives 0; a NaN tau (non-finite grads with nonfinite "propagate") gives
+        // NaN, as the kernels and the reference do.
+        const Clip clip = !use_clip ? Clip::kOff : (tau == 0.0f ? Clip::kZero : Clip::kTanh);
+        const float* cached_u = w.cache_u ? w.cache_u + w.base[j] + local : nullptr;
+        update(state_round(cfg, c), clip, c, nt, tau, decay, lr, g, m, v, pp, tile.w1, tile.w2, tile.u,
+               cached_u, tile.large);
+        p = pp;
+        tile_out(cfg.state_dtype, row.exp_avg, local, nt, m, nullptr);
+        tile_out(cfg.state_dtype, row.exp_avg_sq, local, nt, v, nullptr);
+      }
       // 7. bound (modes 1, 2)
       if (mode != 0) {
         const float* __restrict p0 = tile_in(cfg.param_dtype, row.p_init, local, nt, tile.p0);
@@ -254,12 +288,10 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
           q[i] = x;
         }
       }
-      // 8. store p (stream 0), m, v, each rounded to its storage dtype (float32 ones are
-      // already in place)
+      // 8. store p (stream 0), rounded to its storage dtype (float32 in place; m and v were
+      // stored above)
       if (c.param_words) w.words(c.key, global_first, nt, 0u, tile.w);
       tile_out(cfg.param_dtype, row.param, local, nt, p, c.param_words ? tile.w : nullptr);
-      tile_out(cfg.state_dtype, row.exp_avg, local, nt, m, nullptr);
-      tile_out(cfg.state_dtype, row.exp_avg_sq, local, nt, v, nullptr);
     }
   }
 }
@@ -387,13 +419,19 @@ void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float* 
     cache->ready = false;
     if (need_sum && cache_fits(rows, n)) {
       cache_layout(rows, n, cache->base, cache->key);
-      cache->u.resize(static_cast<std::size_t>(cache->base[n]));
+      const auto total = static_cast<std::size_t>(cache->base[n]);
+      cache->u.resize(total);
       cache_u = cache->u.data();
+      const bool bf16_moments = cfg.state_dtype == DType::kBFloat16;
+      cache->m.resize(bf16_moments ? total : 0);
+      cache->v.resize(bf16_moments ? total : 0);
     }
   }
+  const bool keep_moments = cache_u && !cache->m.empty();
   const Pass1Work work{&cfg, rows, starts.data(), n, consts.data(), partial.data(), bad.data(),
                        need_sum, random_words_fn(cpu_isa()), cache_u,
-                       cache_u ? cache->base.data() : nullptr};
+                       cache_u ? cache->base.data() : nullptr,
+                       keep_moments ? cache->m.data() : nullptr, keep_moments ? cache->v.data() : nullptr};
   pool.parallel_for(items, [&](std::int64_t begin, std::int64_t end) { run(work, begin, end); });
   if (cache_u) cache->ready = true;
 
@@ -414,18 +452,24 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
   // pass 1's u, where it kept them for these very rows; used once
   const float* cache_u = nullptr;
   const std::int64_t* cache_base = nullptr;
+  const std::uint16_t* cache_m = nullptr;
+  const std::uint16_t* cache_v = nullptr;
   if (cache && cache->ready) {
     cache->ready = false;
     if (cache_matches(*cache, rows, n)) {
       cache_u = cache->u.data();
       cache_base = cache->base.data();
+      if (!cache->m.empty() && cache->m.size() == cache->u.size()) {
+        cache_m = cache->m.data();
+        cache_v = cache->v.data();
+      }
     }
   }
   if (cfg.check_flag() && found_inf && *found_inf != 0) return;
   const Hyper& h = cfg.hyper;
   const bool use_clip = h.clip > 0;
   if (use_clip && !stats) throw Error(Status::kInternal, "pass2 with clip > 0 needs pass 1's stats");
-  if (!use_clip) cache_u = nullptr, cache_base = nullptr;
+  if (!use_clip) cache_u = nullptr, cache_base = nullptr, cache_m = nullptr, cache_v = nullptr;
   const auto run = pass2_fn();
   const std::vector<std::int64_t> starts = item_starts(rows, n);
   std::vector<TensorConsts> consts(n);
@@ -436,7 +480,7 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
     if (use_clip) taus[j] = clip * std::sqrt(stats[j] / static_cast<float>(rows[j].global_numel));
   }
   const Pass2Work work{&cfg, rows, starts.data(), n, consts.data(), taus.data(), lr,
-                       random_words_fn(cpu_isa()), cache_u, cache_base};
+                       random_words_fn(cpu_isa()), cache_u, cache_base, cache_m, cache_v};
   pool.parallel_for(starts[n], [&](std::int64_t begin, std::int64_t end) { run(work, begin, end); });
 }
 

@@ -28,13 +28,17 @@ std::string cpu_isa_name(CpuIsa isa);
 
 // Pass 1's directions u, kept for pass 2 of the same step so it need not recompute them (the
 // square root and division of step 4): float32, one per element of the group, filled by a pass 1
-// with clip > 0 whose group has at most kDirectionCacheBytes of them. Pass 2 takes them only for
-// the very rows pass 1 saw (addresses, sizes and step counters unchanged), once; otherwise, and
-// without a cache, it recomputes u, which gives the same bits. Owned by whoever runs the passes
-// (one per group); nothing else reads it, so a step that pass 1 refuses writes only it.
+// with clip > 0 whose group has at most kDirectionCacheBytes of them. With bfloat16 moments pass
+// 1 also keeps m' and v' as stored (their bf16 bits, rounded with streams 1 and 2), and pass 2
+// writes those instead of computing the moments again (no gradient read, no Philox calls for
+// streams 1 and 2). Pass 2 takes them only for the very rows pass 1 saw (addresses, sizes and
+// step counters unchanged), once; otherwise, and without a cache, it recomputes u and the
+// moments, which gives the same bits. Owned by whoever runs the passes (one per group); nothing
+// else reads it, so a step that pass 1 refuses writes only it.
 constexpr std::size_t kDirectionCacheBytes = std::size_t{8} << 20;
 struct DirectionCache {
   std::vector<float> u;
+  std::vector<std::uint16_t> m, v;  // bf16 moments only: m', v' as stored, as u is laid out
   std::vector<std::int64_t> base;  // row j's elements start at u[base[j]]
   std::vector<std::int64_t> key;   // the rows pass 1 saw
   bool ready = false;              // u holds pass 1's of this step, not yet used
