@@ -63,23 +63,29 @@ int find_runtime(struct dl_phdr_info* info, size_t, void* out) {
   return 0;
 }
 
-// A runtime that is already loaded (never loads one): its handle stays open for the process.
+// A runtime that is already loaded (never loads one), looked up until one is found; then that
+// one for the rest of the process (its handle stays open, the entry points in a static).
 const OpenMpTeam* loaded_openmp() {
+  static std::mutex mutex;
+  static OpenMpTeam team;
+  static bool found = false;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (found) return &team;
   std::string path;
   dl_iterate_phdr(find_runtime, &path);
   if (path.empty()) return nullptr;
   void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
   if (!handle) return nullptr;
-  auto* team = new OpenMpTeam();  // one per pool, never freed (pools live for the process)
-  team->parallel = reinterpret_cast<decltype(team->parallel)>(dlsym(handle, "GOMP_parallel"));
-  team->max_threads = reinterpret_cast<decltype(team->max_threads)>(dlsym(handle, "omp_get_max_threads"));
-  const char* slash = std::strrchr(path.c_str(), '/');
-  team->library = slash ? slash + 1 : path;
-  if (!team->parallel || !team->max_threads) {
-    delete team;
+  team.parallel = reinterpret_cast<decltype(team.parallel)>(dlsym(handle, "GOMP_parallel"));
+  team.max_threads = reinterpret_cast<decltype(team.max_threads)>(dlsym(handle, "omp_get_max_threads"));
+  if (!team.parallel || !team.max_threads) {
+    dlclose(handle);
     return nullptr;
   }
-  return team;
+  const char* slash = std::strrchr(path.c_str(), '/');
+  team.library = slash ? slash + 1 : path;
+  found = true;
+  return &team;
 }
 #else
 const OpenMpTeam* loaded_openmp() { return nullptr; }
