@@ -192,6 +192,19 @@ def _block_offsets(pid, block_start, BLOCK: tl.constexpr, VEC: tl.constexpr,
     return start, offs
 
 
+
+@triton.jit
+def _block_layout(pid, block_start, BLOCK: tl.constexpr, MIXED: tl.constexpr,
+                  TILE: tl.constexpr):
+    """_block_offsets at the access width a kernel's tensors take: runs of 4 elements where
+    32-bit and 16-bit tensors meet (MIXED), rows of 8 (TILE), else the whole block."""
+    if MIXED:
+        return _block_offsets(pid, block_start, BLOCK, 4, TILE)
+    elif TILE:
+        return _block_offsets(pid, block_start, BLOCK, 8, TILE)
+    else:
+        return _block_offsets(pid, block_start, BLOCK, BLOCK, TILE)
+
 # The masked blocks of the kernels that draw rounding words (a tensor's last block, and every
 # block of a shard that starts inside a group of eight) run as a loop over sub-tiles of this
 # many elements: the registers a kernel gets are those of its heaviest branch, and these two,
@@ -349,12 +362,7 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
      param_index, global_numel) = _load_row(table, row)
     # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
     MIXED: tl.constexpr = ((P_DTYPE == 0) != (S_DTYPE == 0)) or ((G_DTYPE == 0) != (S_DTYPE == 0))
-    if MIXED:
-        start, offs = _block_offsets(pid, block_start, BLOCK, 4, SR)
-    elif SR:
-        start, offs = _block_offsets(pid, block_start, BLOCK, 8, SR)
-    else:
-        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK, SR)
+    start, offs = _block_layout(pid, block_start, BLOCK, MIXED, SR)
     p_ptr = _elem_ptr(p_addr, P_DTYPE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
@@ -430,12 +438,7 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     MIXED: tl.constexpr = NEED_SUM and ((G_DTYPE == 0) != (S_DTYPE == 0))
     # the moments' rounding words matter only with bf16 moments and a sum to take
     TILE: tl.constexpr = (SR and NEED_SUM) and (S_DTYPE == 1)
-    if MIXED:
-        start, offs = _block_offsets(pid, block_start, BLOCK, 4, TILE)
-    elif TILE:
-        start, offs = _block_offsets(pid, block_start, BLOCK, 8, TILE)
-    else:
-        start, offs = _block_offsets(pid, block_start, BLOCK, BLOCK, TILE)
+    start, offs = _block_layout(pid, block_start, BLOCK, MIXED, TILE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
