@@ -7,6 +7,7 @@ import math
 import os
 import platform
 import statistics
+import textwrap
 from typing import List, Optional, Tuple
 
 from .config import Config
@@ -303,7 +304,7 @@ def plot_losses(results: List[RunResult], cfg: Config, path: str, title: str) ->
                          color=r.spec.color, fontsize=8)
     axf.set_title("fp32 with injected faults (the same in both runs)")
     axf.legend(fontsize=7, loc="lower left")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 150), fontsize=10)  # the long line fits the figure
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -338,7 +339,7 @@ def plot_step_times(timings: List[StepTiming], path: str, title: str) -> Optiona
     fig.suptitle(title, fontsize=10)
     fig.text(0.01, 0.01, "LuminaMoon <backend>: TDCLM as trained (soft clip, device-side skip "
              "check; bf16: stochastic rounding of weights and bf16 moments, one Philox4x32-10 "
-             "per stored value). AdamW mode: clip 0, no skip check, round to nearest, as torch's "
+             "per eight stored values). AdamW mode: clip 0, no skip check, round to nearest, as torch's "
              "AdamW. Fresh gradient tensors before every step; median after warm-up.",
              fontsize=7, wrap=True)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
