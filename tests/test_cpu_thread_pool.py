@@ -4,6 +4,7 @@ run on) when torch has loaded an OpenMP runtime, else on threads of its own
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -62,3 +63,17 @@ def test_the_passes_run_on_torchs_openmp_team_and_give_the_bits_of_its_own_threa
     assert own[2] == digest  # the same bits on either pool
     one = _run(OMP_NUM_THREADS="1")  # torch.set_num_threads(1) in effect: a team of one
     assert one[0] == kind and one[1] == "1" and one[2] == digest
+
+
+def test_doctor_names_the_cpu_engines_width_and_pool():
+    out = subprocess.run([sys.executable, "-m", "luminamoon", "doctor"], capture_output=True,
+                         text=True, timeout=120)
+    m = re.search(r"^cpu engine +(avx512|avx2|baseline), (openmp \(lib[A-Za-z0-9._-]+\)|threads), "
+                  r"(\d+) threads?$", out.stdout, re.M)
+    assert m, out.stdout + out.stderr
+    from luminamoon import _luminav
+
+    assert m.group(1) == _luminav.cpu_isa()
+    assert (m.group(2), int(m.group(3))) == tuple(_luminav.cpu_thread_pool())
+    if _torch_has_openmp() and not os.environ.get("LUMINAV_CPU_POOL"):
+        assert m.group(2).startswith("openmp (")

@@ -161,6 +161,9 @@ def doctor(argv: Optional[List[str]] = None) -> int:
         rows.append(("native module", f"luminav {getattr(native, '__version__', '?')} "
                                       f"(C API v{native.api_version()}, {native.__file__})"))
         rows.append(("CUDA driver (dlopen)", "found" if native.has_cuda_driver() else "not found"))
+        kind, threads = native.cpu_thread_pool()
+        rows.append(("cpu engine", f"{native.cpu_isa()}, {kind}, {threads} thread"
+                                   + ("s" if threads != 1 else "")))
     except ImportError as exc:
         rows.append(("native module", f"not built ({exc}); `pip install .` builds it"))
     bundle = _bundle_report(rows, native)

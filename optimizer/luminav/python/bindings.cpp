@@ -167,6 +167,13 @@ NB_MODULE(_luminav, m) {
         "Vector width of the CPU engine's loops: 'avx512', 'avx2' or 'baseline' (the widest this CPU has, or "
         "$LUMINAV_CPU_ISA); every width gives the same bits.");
 
+  m.def("cpu_thread_pool", [] {
+        auto pool = luminav::pool_for(0);
+        return std::make_tuple(pool->kind(), pool->size());
+      },
+      "(kind, threads) of the pool the cpu backend's groups share by default: kind 'openmp (<library>)' "
+      "(the team of the OpenMP runtime loaded in the process, torch's) or 'threads' (the engine's own).");
+
   // Random streams, for cross-checking against luminamoon.optimizer.rng.
   m.def("splitmix64", &luminav::cpu::splitmix64, "z"_a);
   m.def("stream_key", &luminav::cpu::stream_key, "seed"_a, "t"_a, "k"_a,
