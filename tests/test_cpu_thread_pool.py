@@ -77,3 +77,25 @@ def test_doctor_names_the_cpu_engines_width_and_pool():
     assert (m.group(2), int(m.group(3))) == tuple(_luminav.cpu_thread_pool())
     if _torch_has_openmp() and not os.environ.get("LUMINAV_CPU_POOL"):
         assert m.group(2).startswith("openmp (")
+
+
+def test_an_unknown_pool_name_is_refused_naming_it_and_changes_nothing():
+    code = textwrap.dedent("""
+        import torch
+        from luminamoon import LuminaMoon
+        p = torch.nn.Parameter(torch.randn(10))
+        before = p.detach().clone()
+        p.grad = torch.randn(10)
+        opt = LuminaMoon([p], backend="cpu")
+        try:
+            opt.step()
+        except ValueError as exc:
+            print("refused:", exc)
+        print("unchanged:", torch.equal(p.detach(), before))
+    """)
+    base = {k: v for k, v in os.environ.items() if k != "LUMINAV_CPU_POOL"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**base, "LUMINAV_CPU_POOL": "omp"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "refused: LUMINAV_CPU_POOL='omp' is not a pool: use threads" in out.stdout, out.stdout
+    assert "unchanged: True" in out.stdout

@@ -17,6 +17,7 @@
 #endif
 
 #include "engine/thread_pool.h"
+#include "luminav/error.h"
 
 namespace cpu = luminav::cpu;
 
@@ -111,4 +112,29 @@ TEST(ThreadPool, KeepsItsOwnThreadsWhenAskedTo) {
   auto explicit_count = cpu::make_thread_pool(2);  // a count of its own: the pool's threads
   EXPECT_EQ(explicit_count->kind(), "threads");
   EXPECT_EQ(explicit_count->size(), 2);
+}
+
+TEST(ThreadPool, RefusesAPoolNameItDoesNotKnow) {
+  PoolEnv env("omp");
+  try {
+    cpu::make_thread_pool(0);
+    FAIL() << "LUMINAV_CPU_POOL=omp was taken";
+  } catch (const luminav::Error& e) {
+    EXPECT_EQ(e.status(), luminav::Status::kInvalidArgument);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("LUMINAV_CPU_POOL='omp'"), std::string::npos) << what;
+    EXPECT_NE(what.find("use threads"), std::string::npos) << what;
+  }
+}
+
+TEST(ThreadPool, OpenMpAskedForIsTheRuntimesTeam) {
+#if defined(__linux__)
+  if (!load_libgomp()) GTEST_SKIP() << "no libgomp.so.1 on this machine";
+  PoolEnv env("openmp");
+  auto pool = cpu::make_thread_pool(0);
+  EXPECT_EQ(pool->kind().rfind("openmp (", 0), 0u) << pool->kind();
+  expect_each_index_once(*pool, 1000);
+#else
+  GTEST_SKIP() << "the pool looks for a loaded OpenMP runtime on Linux only";
+#endif
 }

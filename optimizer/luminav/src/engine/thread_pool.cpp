@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/thread_pool.h"
+#include "luminav/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -91,15 +92,29 @@ const OpenMpTeam* loaded_openmp() {
 const OpenMpTeam* loaded_openmp() { return nullptr; }
 #endif
 
-bool own_threads_asked() {
+// LUMINAV_CPU_POOL: unset or empty (a loaded OpenMP runtime's team, else own threads),
+// "threads" or "openmp" (which then must be there).
+enum class PoolChoice { kAuto, kThreads, kOpenMp };
+
+PoolChoice pool_choice() {
   const char* env = std::getenv("LUMINAV_CPU_POOL");
-  return env && std::strcmp(env, "threads") == 0;
+  if (!env || !*env) return PoolChoice::kAuto;
+  if (std::strcmp(env, "threads") == 0) return PoolChoice::kThreads;
+  if (std::strcmp(env, "openmp") == 0) return PoolChoice::kOpenMp;
+  throw Error(Status::kInvalidArgument,
+              std::string("LUMINAV_CPU_POOL='") + env + "' is not a pool: use threads (the engine's own) or openmp "
+              "(the OpenMP runtime loaded in the process, torch's), or unset it for openmp where there is one");
 }
 
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
-  if (num_threads <= 0 && !own_threads_asked()) omp_ = loaded_openmp();
+  const PoolChoice choice = pool_choice();
+  if (num_threads <= 0 && choice != PoolChoice::kThreads) omp_ = loaded_openmp();
+  if (num_threads <= 0 && choice == PoolChoice::kOpenMp && !omp_)
+    throw Error(Status::kInvalidArgument,
+                "LUMINAV_CPU_POOL=openmp, but no OpenMP runtime with GOMP_parallel is loaded in this process (torch "
+                "loads one where its build uses OpenMP); unset it or use threads");
   if (omp_) {
     size_ = 0;  // the team's size is read at each job
     return;

@@ -29,7 +29,8 @@ class ThreadPool;
 // omp_get_max_threads(), which torch.set_num_threads sets). Its threads are the ones torch's own
 // CPU kernels use, already awake after the backward pass, so the step's passes neither wait for
 // a wake-up nor compete for the cores with threads that spin. LUMINAV_CPU_POOL=threads keeps
-// the pool's own threads (Linux only looks for a runtime; elsewhere the pool is always its own).
+// the pool's own threads, =openmp asks for the runtime's team (Error kInvalidArgument without
+// one, or for any other value). Only Linux looks for a runtime; elsewhere the pool is its own.
 std::shared_ptr<ThreadPool> make_thread_pool(int num_threads);  // <= 0: hardware_concurrency
 int thread_pool_size(const ThreadPool& pool);
 
