@@ -192,7 +192,6 @@ def _block_offsets(pid, block_start, BLOCK: tl.constexpr, VEC: tl.constexpr,
     return start, offs
 
 
-
 @triton.jit
 def _block_layout(pid, block_start, BLOCK: tl.constexpr, MIXED: tl.constexpr,
                   TILE: tl.constexpr):
@@ -204,6 +203,7 @@ def _block_layout(pid, block_start, BLOCK: tl.constexpr, MIXED: tl.constexpr,
         return _block_offsets(pid, block_start, BLOCK, 8, TILE)
     else:
         return _block_offsets(pid, block_start, BLOCK, BLOCK, TILE)
+
 
 # The masked blocks of the kernels that draw rounding words (a tensor's last block, and every
 # block of a shard that starts inside a group of eight) run as a loop over sub-tiles of this
@@ -352,7 +352,6 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
                         CHECK_FLAG: tl.constexpr, BLOCK: tl.constexpr):
     """Pass 2 for the block of program_id(0): the body of both update kernels."""
     sign, beta1, beta2, eps = _adam_scalars(sign, beta1, beta2, eps)
-    # (float32, as _adam_scalars)
     weight_decay = tl.cast(weight_decay, tl.float32)
     clip = tl.cast(clip, tl.float32)
     bound = tl.cast(bound, tl.float32)

@@ -192,9 +192,9 @@ LV_TILE_INLINE void pass1_items(const Pass1Work& w, std::int64_t begin, std::int
         std::uint16_t* ms = w.cache_m + w.base[j] + local;
         std::uint16_t* vs = w.cache_v + w.base[j] + local;
         if (state_round(cfg, c) == StateRound::kBf16Sr) {
-          direction_tile_keep<StateRound::kBf16Sr>(c, nt, g, m, v, u, tile.w1, tile.w2, ms, vs);
+          direction_tile<StateRound::kBf16Sr, true>(c, nt, g, m, v, u, tile.w1, tile.w2, ms, vs);
         } else {
-          direction_tile_keep<StateRound::kBf16Rne>(c, nt, g, m, v, u, tile.w1, tile.w2, ms, vs);
+          direction_tile<StateRound::kBf16Rne, true>(c, nt, g, m, v, u, tile.w1, tile.w2, ms, vs);
         }
       } else {
         switch (state_round(cfg, c)) {
@@ -241,10 +241,9 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
       const std::int64_t local = first + off;
       const std::int64_t global_first = row.elem_offset + local;
       const float decay = 1.0f - lr * wd;
-      float* p = nullptr;
+      float* p = tile_inout(cfg.param_dtype, row.param, local, nt, tile.p);
       if (w.cache_m) {
         // pass 1 kept u and the moments as stored: steps 5-6 from u, the moments copied
-        p = tile_inout(cfg.param_dtype, row.param, local, nt, tile.p);
         const float* cached_u = w.cache_u + w.base[j] + local;
         if (tau == 0.0f) {
           for (int i = 0; i < nt; ++i) p[i] = p[i] * decay - lr * 0.0f;
@@ -259,7 +258,6 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
         const float* g = tile_in(cfg.grad_dtype, row.grad, local, nt, tile.g);
         float* m = tile_inout(cfg.state_dtype, row.exp_avg, local, nt, tile.m);
         float* v = tile_inout(cfg.state_dtype, row.exp_avg_sq, local, nt, tile.v);
-        float* pp = tile_inout(cfg.param_dtype, row.param, local, nt, tile.p);
         if (c.state_words) {
           w.words(c.key, global_first, nt, 1u, tile.w1);
           w.words(c.key, global_first, nt, 2u, tile.w2);
@@ -269,9 +267,8 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
         // NaN, as the kernels and the reference do.
         const Clip clip = !use_clip ? Clip::kOff : (tau == 0.0f ? Clip::kZero : Clip::kTanh);
         const float* cached_u = w.cache_u ? w.cache_u + w.base[j] + local : nullptr;
-        update(state_round(cfg, c), clip, c, nt, tau, decay, lr, g, m, v, pp, tile.w1, tile.w2, tile.u,
+        update(state_round(cfg, c), clip, c, nt, tau, decay, lr, g, m, v, p, tile.w1, tile.w2, tile.u,
                cached_u, tile.large);
-        p = pp;
         tile_out(cfg.state_dtype, row.exp_avg, local, nt, m, nullptr);
         tile_out(cfg.state_dtype, row.exp_avg_sq, local, nt, v, nullptr);
       }
@@ -459,7 +456,7 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
     if (cache_matches(*cache, rows, n)) {
       cache_u = cache->u.data();
       cache_base = cache->base.data();
-      if (!cache->m.empty() && cache->m.size() == cache->u.size()) {
+      if (!cache->m.empty()) {  // pass 1 kept the moments too (bf16 moments)
         cache_m = cache->m.data();
         cache_v = cache->v.data();
       }

@@ -157,32 +157,24 @@ LV_TILE_INLINE float moments_one(const TensorConsts& c, float g, float& m, float
   return (m * c.rbc1) / (std::sqrt(v * c.rbc2) + c.eps);
 }
 
-// Pass 1's steps 1-4 in one loop: u of every element; the moments are not stored (with bf16
-// moments and ms/vs given, their bf16 bits go there, for pass 2: DirectionCache).
-template <StateRound R>
+// Pass 1's steps 1-4 in one loop: u of every element; the moments are not stored (with KEEP,
+// bf16 moments only, their bf16 bits go to ms/vs, for pass 2: DirectionCache).
+template <StateRound R, bool KEEP = false>
 LV_TILE_INLINE void direction_tile(const TensorConsts& c, int n, const float* __restrict g,
                                    const float* __restrict m, const float* __restrict v,
                                    float* __restrict u, const std::uint32_t* __restrict w1,
-                                   const std::uint32_t* __restrict w2) {
+                                   const std::uint32_t* __restrict w2,
+                                   std::uint16_t* __restrict ms = nullptr,
+                                   std::uint16_t* __restrict vs = nullptr) {
+  static_assert(!KEEP || R == StateRound::kBf16Rne || R == StateRound::kBf16Sr, "bf16 moments only");
   for (int i = 0; i < n; ++i) {
     float mi = m[i], vi = v[i];
     u[i] = moments_one<R>(c, g[i], mi, vi, R == StateRound::kBf16Sr ? w1[i] : 0u,
                           R == StateRound::kBf16Sr ? w2[i] : 0u);
-  }
-}
-template <StateRound R>
-LV_TILE_INLINE void direction_tile_keep(const TensorConsts& c, int n, const float* __restrict g,
-                                        const float* __restrict m, const float* __restrict v,
-                                        float* __restrict u, const std::uint32_t* __restrict w1,
-                                        const std::uint32_t* __restrict w2,
-                                        std::uint16_t* __restrict ms, std::uint16_t* __restrict vs) {
-  static_assert(R == StateRound::kBf16Rne || R == StateRound::kBf16Sr, "bf16 moments only");
-  for (int i = 0; i < n; ++i) {
-    float mi = m[i], vi = v[i];
-    u[i] = moments_one<R>(c, g[i], mi, vi, R == StateRound::kBf16Sr ? w1[i] : 0u,
-                          R == StateRound::kBf16Sr ? w2[i] : 0u);
-    ms[i] = bf16_rne(mi);  // what pass 2's store_tile writes for these (bf16) values
-    vs[i] = bf16_rne(vi);
+    if constexpr (KEEP) {
+      ms[i] = bf16_rne(mi);  // what pass 2's store_tile writes for these (bf16) values
+      vs[i] = bf16_rne(vi);
+    }
   }
 }
 

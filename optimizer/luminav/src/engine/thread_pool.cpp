@@ -195,13 +195,12 @@ void ThreadPool::parallel_for(std::int64_t n, const std::function<void(std::int6
     fn(0, n);
     return;
   }
+  prepare_job(n, fn, threads);
   if (omp_) {
     // the team runs the blocks (run_blocks catches every exception: none crosses the runtime)
     // and GOMP_parallel returns once every thread of it is done
-    prepare_job(n, fn, threads);
     omp_->parallel(&ThreadPool::run_blocks_entry, this, static_cast<unsigned>(threads), 0);
   } else {
-    prepare_job(n, fn, threads);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       pending_.store(size_ - 1, std::memory_order_relaxed);
