@@ -66,27 +66,23 @@ def _bias_reciprocals(beta1, beta2, t):
 
 
 @triton.jit
-def _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY: tl.constexpr,
-                    BOTH_SLOTS: tl.constexpr):
-    """(rbc1, rbc2, seed_tk) of step t for table row ``row``.
+def _load_step_cache(table, row, t):
+    """The cache slot t & 1 of table row ``row``: (the step it holds, the bits of rbc1 | the bits
+    of rbc2 << 32, seed_tk). A program issues these loads after its element loads: the step
+    counter they wait on came with those, and the slot arrives before the elements do."""
+    slot = table + row.to(tl.int64) * _TC + _CC + (t & 1) * 3
+    return tl.load(slot), tl.load(slot + 1), tl.load(slot + 2)
 
-    From the row's cache slot t & 1 when it holds step t (written by the previous step's update
-    kernel), else computed here: the float64 power costs a loop of log2(t) iterations in every
-    thread of every program, which the cache saves. Either way the same bits.
+
+@triton.jit
+def _step_constants(tag, packed, cached_key, t, seed, param_index, beta1, beta2,
+                    NEED_KEY: tl.constexpr):
+    """(rbc1, rbc2, seed_tk) of step t, from the cache slot _load_step_cache read.
+
+    From the slot when it holds step t (written by the previous step's update kernel), else
+    computed here: the float64 power costs a loop of log2(t) iterations in every thread of
+    every program, which the cache saves. Either way the same bits.
     """
-    cache = table + row.to(tl.int64) * _TC + _CC
-    if BOTH_SLOTS:
-        # both slots loaded (their addresses do not wait for t), then the one of t's parity
-        # taken: pass 1, whose element loads are issued first, then overlaps all of them
-        odd = (t & 1) == 1
-        tag = tl.where(odd, tl.load(cache + 3), tl.load(cache))
-        packed = tl.where(odd, tl.load(cache + 4), tl.load(cache + 1))
-        cached_key = tl.where(odd, tl.load(cache + 5), tl.load(cache + 2))
-    else:
-        slot = cache + (t & 1) * 3
-        tag = tl.load(slot)
-        packed = tl.load(slot + 1)
-        cached_key = tl.load(slot + 2)
     if tag == t:
         rbc1 = (packed & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
         rbc2 = ((packed >> 32) & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
@@ -112,15 +108,3 @@ def _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2):
     tl.store(slot + 1, packed)
     tl.store(slot + 2, _seed_tk(seed, tn, param_index).to(tl.int64, bitcast=True))
     tl.store(slot, tn)
-
-
-@triton.jit
-def _program_constants(table, row, step_addr, seed, param_index, beta1, beta2, NEED_KEY: tl.constexpr):
-    """(t, rbc1, rbc2, seed_tk) of the step being applied to table row ``row``.
-
-    Called after a program has issued its element loads: the step counter and cache loads it
-    waits on then overlap with them."""
-    t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
-    rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, NEED_KEY,
-                                      True)
-    return t, rbc1, rbc2, key

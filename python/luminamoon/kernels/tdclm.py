@@ -26,7 +26,7 @@ from .layout import TABLE_COLS
 from .rounding import INTERPRET as _INTERPRET
 from .rounding import _seed_tk, _storage_to_f32, _to_storage  # noqa: F401  (used by kernels)
 from .step_constants import (_bias_corrections, _bias_reciprocals,  # noqa: F401  (used by kernels)
-                             _cache_next_step_constants, _load_row, _program_constants,
+                             _cache_next_step_constants, _load_row, _load_step_cache,
                              _step_constants)
 
 # ----------------------------------------------------------------------------------------------
@@ -125,8 +125,12 @@ def _elem_ptr(addr, DTYPE: tl.constexpr):
 
 @triton.jit
 def _load_f32(ptr, offs, mask, DTYPE: tl.constexpr):
-    """Load elements of dtype code DTYPE and widen them to float32 (exactly)."""
-    x = tl.load(ptr + offs, mask=mask, other=0.0)
+    """Load elements of dtype code DTYPE (where ``mask``; every one when it is None) and widen
+    them to float32 (exactly)."""
+    if mask is None:
+        x = tl.load(ptr + offs)
+    else:
+        x = tl.load(ptr + offs, mask=mask, other=0.0)
     if DTYPE == 1:
         # bf16 -> fp32 is a 16-bit shift of the bits; done on integers so that the interpreter
         # and the compiled kernel agree bit for bit.
@@ -221,59 +225,82 @@ def _sub_offsets(start, sub, SUB: tl.constexpr):
 
 
 @triton.jit
-def _reduce_all(x, OP: tl.constexpr):
-    """The sum (OP 0) or the max (OP 1) of a flat run or a tile, in a fixed order."""
-    if len(x.shape) == 2:
-        if OP == 0:
-            return tl.sum(tl.sum(x, axis=1), axis=0)
-        else:
-            return tl.max(tl.max(x, axis=1), axis=0)
-    else:
-        if OP == 0:
-            return tl.sum(x, axis=0)
-        else:
-            return tl.max(x, axis=0)
+def _sum_and_max(s1, a1, s2, a2):
+    """(s1 + s2, max(a1, a2)), a NaN in either a winning the max."""
+    return s1 + s2, tl.maximum(a1, a2, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
-def _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr, seed,
-                    param_index, sign, beta1, beta2, eps,
-                    G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
-                    NEED_SUM: tl.constexpr, ALIGNED: tl.constexpr):
-    """(sum of u*u, any non-finite grad) over one block of elements."""
+def _reduce_sum_and_max(s, a):
+    """(sum of s, max of a) over a flat run or a tile, in a fixed order: one reduction of the
+    pair, so a program reaches shared memory and its barriers once for both."""
+    if len(s.shape) == 2:
+        s, a = tl.reduce((s, a), 1, _sum_and_max)
+    return tl.reduce((s, a), 0, _sum_and_max)
+
+
+@triton.jit
+def _pass1_loads(g_ptr, m_ptr, v_ptr, offs, mask, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
+                 NEED_SUM: tl.constexpr):
+    """The elements pass 1 reads, as float32 (m and v only when it sums)."""
     g_raw = _load_f32(g_ptr, offs, mask, G_DTYPE)
     if NEED_SUM:
         m = _load_f32(m_ptr, offs, mask, S_DTYPE)
         v = _load_f32(v_ptr, offs, mask, S_DTYPE)
-    bad = _reduce_all((mask & (_is_finite(g_raw) == 0)).to(tl.int32), 1)
-    if NEED_SUM:
-        _t, rbc1, rbc2, key = _program_constants(table, row, step_addr, seed, param_index, beta1,
-                                                 beta2, SR)
-        _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key,
-                                         g0, S_DTYPE, SR, offs.numel, ALIGNED,
-                                         (G_DTYPE != 0) & (S_DTYPE != 0))
-        s = _reduce_all(tl.where(mask, u * u, 0.0), 0)
     else:
-        s = bad.to(tl.float32) * 0.0
-    return s, bad
+        m = g_raw
+        v = g_raw
+    return g_raw, m, v
 
 
 @triton.jit
-def _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, table, row, step_addr, seed,
-                     param_index, sign, beta1, beta2, eps,
+def _pass1_sums(g_raw, m, v, mask, g0, rbc1, rbc2, key, sign, beta1, beta2, eps,
+                S_DTYPE: tl.constexpr, SR: tl.constexpr, NEED_SUM: tl.constexpr,
+                WIDE: tl.constexpr, ALIGNED: tl.constexpr):
+    """(sum of u*u, any non-finite grad) over one block of loaded elements.
+
+    The finite check is one max of |g| a element (a NaN wins it), tested once a block."""
+    g_abs = tl.where(mask, tl.abs(g_raw), 0.0)
+    if NEED_SUM:
+        _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key,
+                                         g0, S_DTYPE, SR, g_raw.numel, ALIGNED, WIDE)
+        uu = tl.where(mask, u * u, 0.0)
+    else:
+        uu = g_abs * 0.0
+    s, g_max = _reduce_sum_and_max(uu, g_abs)
+    return s, (_is_finite(g_max) == 0).to(tl.int32)
+
+
+@triton.jit
+def _pass1_constants(table, row, t, seed, param_index, beta1, beta2,
+                     SR: tl.constexpr, NEED_SUM: tl.constexpr):
+    """(rbc1, rbc2, seed_tk) where pass 1 sums, else placeholders it does not read."""
+    if NEED_SUM:
+        tag, packed, cached_key = _load_step_cache(table, row, t)
+        return _step_constants(tag, packed, cached_key, t, seed, param_index, beta1, beta2, SR)
+    else:
+        return beta1, beta2, seed.to(tl.uint64, bitcast=True)
+
+
+@triton.jit
+def _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, rbc1, rbc2, key, sign,
+                     beta1, beta2, eps,
                      G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
-                     NEED_SUM: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
-    """_pass1_elements over a masked block of a kernel that draws rounding words, SUB_BLOCK
-    elements at a time; the sub-tiles' sums added in order."""
+                     NEED_SUM: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+                     ALIGNED: tl.constexpr):
+    """Pass 1 over a masked block of a kernel that draws rounding words, SUB_BLOCK elements at a
+    time; the sub-tiles' sums added in order."""
     nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
     s = nsub.to(tl.float32) * 0.0
     bad = (nsub * 0).to(tl.int32)
     sub = nsub * 0
     while sub < nsub:  # (a while loop: the interpreter takes no tensor range() bound)
         first, so = _sub_offsets(start, sub, SUB_BLOCK)
-        s_sub, bad_sub = _pass1_elements(g_ptr, m_ptr, v_ptr, so, so < numel, elem_offset + first,
-                                         table, row, step_addr, seed, param_index, sign, beta1,
-                                         beta2, eps, G_DTYPE, S_DTYPE, SR, NEED_SUM, ALIGNED)
+        mask = so < numel
+        g_raw, m, v = _pass1_loads(g_ptr, m_ptr, v_ptr, so, mask, G_DTYPE, S_DTYPE, NEED_SUM)
+        s_sub, bad_sub = _pass1_sums(g_raw, m, v, mask, elem_offset + first, rbc1, rbc2, key,
+                                     sign, beta1, beta2, eps, S_DTYPE, SR, NEED_SUM, WIDE,
+                                     ALIGNED)
         s += s_sub
         bad = tl.maximum(bad, bad_sub)
         sub += 1
@@ -281,19 +308,28 @@ def _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, table, row,
 
 
 @triton.jit
-def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
-                    beta2, eps, rbc1, rbc2, decay, tau, bound,
-                    P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
-                    SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
-                    ALIGNED: tl.constexpr):
-    """Steps 1-8 of docs/internals.md over one block of elements (ALIGNED: its first global
-    index is a multiple of 8)."""
+def _pass2_loads(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, P_DTYPE: tl.constexpr,
+                 G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, BOUND_MODE: tl.constexpr):
+    """The elements pass 2 reads, as float32 (p0 only in the bounded modes)."""
     g_raw = _load_f32(g_ptr, offs, mask, G_DTYPE)
     m = _load_f32(m_ptr, offs, mask, S_DTYPE)
     v = _load_f32(v_ptr, offs, mask, S_DTYPE)
     p = _load_f32(p_ptr, offs, mask, P_DTYPE)
-    # the wide Philox multiply where every tensor is 16-bit (rounding._stream_words16)
-    WIDE = (P_DTYPE != 0) & (G_DTYPE != 0) & (S_DTYPE != 0)
+    if BOUND_MODE != 0:
+        p0 = _load_f32(p0_ptr, offs, mask, P_DTYPE)
+    else:
+        p0 = p
+    return g_raw, m, v, p, p0
+
+
+@triton.jit
+def _pass2_update(g_raw, m, v, p, p0, p_ptr, m_ptr, v_ptr, offs, mask, g0, key, lr, sign, beta1,
+                  beta2, eps, rbc1, rbc2, decay, tau, bound,
+                  P_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
+                  BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr, WIDE: tl.constexpr,
+                  ALIGNED: tl.constexpr):
+    """Steps 1-8 of docs/internals.md over one block of loaded elements, stored where ``mask``
+    (ALIGNED: the block's first global index is a multiple of 8)."""
     m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
                                    S_DTYPE, SR, offs.numel, ALIGNED, WIDE)
     # 5. soft clip (pass 2 only)
@@ -308,7 +344,6 @@ def _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr,
     q = p * decay - lr * u
     # 7. bound (modes 1, 2)
     if BOUND_MODE != 0:
-        p0 = _load_f32(p0_ptr, offs, mask, P_DTYPE)
         if BOUND_MODE == 1:
             r = bound + p0 * 0.0
         else:
@@ -327,20 +362,24 @@ def _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offs
                      key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound,
                      P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
                      SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
-                     CHECK_FLAG: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
-    """_pass2_elements over a masked block of a kernel that draws rounding words, SUB_BLOCK
-    elements at a time (the sub-tiles the block has elements in)."""
+                     CHECK_FLAG: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
+                     ALIGNED: tl.constexpr):
+    """Pass 2 over a masked block of a kernel that draws rounding words, SUB_BLOCK elements at
+    a time (the sub-tiles the block has elements in); stored where the step applies."""
     nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
     sub = nsub * 0
     while sub < nsub:  # (a while loop: the interpreter takes no tensor range() bound)
         first, so = _sub_offsets(start, sub, SUB_BLOCK)
+        inside = so < numel
+        g_raw, m, v, p, p0 = _pass2_loads(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, so, inside,
+                                          P_DTYPE, G_DTYPE, S_DTYPE, BOUND_MODE)
         if CHECK_FLAG:
-            mask = (so < numel) & _step_applies(found_inf, so)
+            store = inside & _step_applies(found_inf, so)
         else:
-            mask = so < numel
-        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, so, mask, elem_offset + first, key,
-                        lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE,
-                        G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, ALIGNED)
+            store = inside
+        _pass2_update(g_raw, m, v, p, p0, p_ptr, m_ptr, v_ptr, so, store,
+                      elem_offset + first, key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay,
+                      tau, bound, P_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, WIDE, ALIGNED)
         sub += 1
 
 
@@ -350,7 +389,11 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
                         P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
                         SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
                         CHECK_FLAG: tl.constexpr, BLOCK: tl.constexpr):
-    """Pass 2 for the block of program_id(0): the body of both update kernels."""
+    """Pass 2 for the block of program_id(0): the body of both update kernels.
+
+    The scalars a program reads (lr, S, the skip flag, the step counter) are loaded together
+    right after its table row; the skip flag masks only the stores, so no element load waits
+    on it."""
     sign, beta1, beta2, eps = _adam_scalars(sign, beta1, beta2, eps)
     weight_decay = tl.cast(weight_decay, tl.float32)
     clip = tl.cast(clip, tl.float32)
@@ -361,32 +404,37 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
      param_index, global_numel) = _load_row(table, row)
     # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
     MIXED: tl.constexpr = ((P_DTYPE == 0) != (S_DTYPE == 0)) or ((G_DTYPE == 0) != (S_DTYPE == 0))
+    # the wide Philox multiply where every tensor is 16-bit (rounding._stream_words16)
+    WIDE: tl.constexpr = (P_DTYPE != 0) and (G_DTYPE != 0) and (S_DTYPE != 0)
     start, offs = _block_layout(pid, block_start, BLOCK, MIXED, SR)
     p_ptr = _elem_ptr(p_addr, P_DTYPE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
     p0_ptr = _elem_ptr(p0_addr, P_DTYPE)
-    t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
-    rbc1, rbc2, key = _step_constants(table, row, t, seed, param_index, beta1, beta2, SR,
-                                      False)
-    # the first program of each tensor prepares the next step's constants
-    if pid == block_start:
-        _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2)
     lr = tl.load(lr_ptr)
-    decay = 1.0 - lr * weight_decay
     if USE_CLIP:
         s_sum = tl.load(stats + row)
-        tau = clip * tl.sqrt_rn(tl.div_rn(s_sum, global_numel.to(tl.float32)))
-    else:
-        tau = clip * 0.0
-    g0 = elem_offset + start  # the global flat index of the block's first element
-    # every element's mask also carries the step's skip decision (one int1 for the program;
-    # an int1 tensor, not a Python bool, so that every Triton's interpreter takes it as a mask)
+    # every element's store mask also carries the step's skip decision (one int1 for the
+    # program; an int1 tensor, not a Python bool, so that every Triton's interpreter takes it
+    # as a mask)
     if CHECK_FLAG:
         ok = _step_applies(found_inf, offs)
     else:
         ok = tl.full(offs.shape, 1, tl.int1)
+    t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
+    tag, packed, cached_key = _load_step_cache(table, row, t)
+    rbc1, rbc2, key = _step_constants(tag, packed, cached_key, t, seed, param_index, beta1, beta2,
+                                      SR)
+    # the first program of each tensor prepares the next step's constants
+    if pid == block_start:
+        _cache_next_step_constants(table, row, t, seed, param_index, beta1, beta2)
+    decay = 1.0 - lr * weight_decay
+    if USE_CLIP:
+        tau = clip * tl.sqrt_rn(tl.div_rn(s_sum, global_numel.to(tl.float32)))
+    else:
+        tau = clip * 0.0
+    g0 = elem_offset + start  # the global flat index of the block's first element
     # a shard that starts inside a group of eight matters only to rounding words (the offset
     # is looked at only then; a constexpr-and-tensor test is refused by Triton 3.0/3.1)
     misaligned = 0
@@ -397,23 +445,26 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
         # in sub-tiles (SUB_BLOCK)
         _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offset, found_inf,
                          key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE,
-                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, BLOCK, 0)
+                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, WIDE, BLOCK, 0)
     elif start + BLOCK <= numel:
-        # a full block: the mask is uniform, so accesses stay 16-byte vectors
-        mask = (tl.full(offs.shape, 1, tl.int1)) & ok
-        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
-                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
-                        BOUND_MODE, USE_CLIP, 1)
+        # a full block: unmasked loads, so accesses stay 16-byte vectors
+        g_raw, m, v, p, p0 = _pass2_loads(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, None,
+                                          P_DTYPE, G_DTYPE, S_DTYPE, BOUND_MODE)
+        _pass2_update(g_raw, m, v, p, p0, p_ptr, m_ptr, v_ptr, offs, ok, g0, key, lr, sign,
+                      beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, S_DTYPE, SR,
+                      BOUND_MODE, USE_CLIP, WIDE, 1)
     elif SR:
         # the tensor's last block, in sub-tiles (SUB_BLOCK)
         _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offset, found_inf,
                          key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE,
-                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, BLOCK, 1)
+                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, WIDE, BLOCK, 1)
     else:
-        mask = (offs < numel) & ok
-        _pass2_elements(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, mask, g0, key, lr, sign, beta1,
-                        beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, S_DTYPE, SR,
-                        BOUND_MODE, USE_CLIP, 1)
+        inside = offs < numel
+        g_raw, m, v, p, p0 = _pass2_loads(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, inside,
+                                          P_DTYPE, G_DTYPE, S_DTYPE, BOUND_MODE)
+        _pass2_update(g_raw, m, v, p, p0, p_ptr, m_ptr, v_ptr, offs, inside & ok, g0, key, lr,
+                      sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, S_DTYPE,
+                      SR, BOUND_MODE, USE_CLIP, WIDE, 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,7 +478,11 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
                                eps: tl.float32,
                                G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
                                NEED_SUM: tl.constexpr, BLOCK: tl.constexpr):
-    """Per block: partial_sum = sum of u*u (NEED_SUM) and partial_bad = any non-finite grad."""
+    """Per block: partial_sum = sum of u*u (NEED_SUM) and partial_bad = any non-finite grad.
+
+    As in pass 2, the step counter and the constants' cache are loaded with the row, a full
+    block's elements before the constants are waited on, and the two results are reduced
+    together at the end."""
     sign, beta1, beta2, eps = _adam_scalars(sign, beta1, beta2, eps)
     pid = tl.program_id(0)
     row = tl.load(block_map + pid)
@@ -437,33 +492,44 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     MIXED: tl.constexpr = NEED_SUM and ((G_DTYPE == 0) != (S_DTYPE == 0))
     # the moments' rounding words matter only with bf16 moments and a sum to take
     TILE: tl.constexpr = (SR and NEED_SUM) and (S_DTYPE == 1)
+    WIDE: tl.constexpr = (G_DTYPE != 0) and (S_DTYPE != 0)
     start, offs = _block_layout(pid, block_start, BLOCK, MIXED, TILE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
     v_ptr = _elem_ptr(v_addr, S_DTYPE)
-    g0 = elem_offset + start  # the global flat index of the block's first element
-    misaligned = 0  # (as in pass 2: only where rounding words are drawn)
-    if TILE:
-        misaligned = elem_offset & 7
-    if misaligned != 0:
-        # in sub-tiles, as pass 2 (SUB_BLOCK)
-        s, bad = _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, table, row,
-                                  step_addr, seed, param_index, sign, beta1, beta2, eps, G_DTYPE,
-                                  S_DTYPE, SR, NEED_SUM, BLOCK, 0)
-    elif start + BLOCK <= numel:
-        mask = tl.full(offs.shape, 1, tl.int1)
-        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
-                                 seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
-                                 NEED_SUM, 1)
-    elif TILE:
-        s, bad = _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, table, row,
-                                  step_addr, seed, param_index, sign, beta1, beta2, eps, G_DTYPE,
-                                  S_DTYPE, SR, NEED_SUM, BLOCK, 1)
+    if NEED_SUM:
+        t = tl.load(step_addr.to(tl.pointer_type(tl.int64))) + 1
     else:
-        mask = offs < numel
-        s, bad = _pass1_elements(g_ptr, m_ptr, v_ptr, offs, mask, g0, table, row, step_addr,
-                                 seed, param_index, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE, SR,
-                                 NEED_SUM, 1)
+        t = pid.to(tl.int64)  # (unused: nothing to sum)
+    g0 = elem_offset + start  # the global flat index of the block's first element
+    full = start + BLOCK <= numel  # (as in pass 2: the offset matters only to rounding words)
+    if TILE:
+        full = full & ((elem_offset & 7) == 0)
+    if full:
+        g_raw, m, v = _pass1_loads(g_ptr, m_ptr, v_ptr, offs, None, G_DTYPE, S_DTYPE, NEED_SUM)
+        rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
+                                           beta2, SR, NEED_SUM)
+        s, bad = _pass1_sums(g_raw, m, v, tl.full(offs.shape, 1, tl.int1), g0, rbc1, rbc2, key,
+                             sign, beta1, beta2, eps, S_DTYPE, SR, NEED_SUM, WIDE, 1)
+    else:
+        rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
+                                           beta2, SR, NEED_SUM)
+        if TILE:
+            # in sub-tiles, as pass 2 (SUB_BLOCK)
+            if (elem_offset & 7) != 0:
+                s, bad = _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, rbc1,
+                                          rbc2, key, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE,
+                                          SR, NEED_SUM, WIDE, BLOCK, 0)
+            else:
+                s, bad = _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, rbc1,
+                                          rbc2, key, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE,
+                                          SR, NEED_SUM, WIDE, BLOCK, 1)
+        else:
+            inside = offs < numel
+            g_raw, m, v = _pass1_loads(g_ptr, m_ptr, v_ptr, offs, inside, G_DTYPE, S_DTYPE,
+                                       NEED_SUM)
+            s, bad = _pass1_sums(g_raw, m, v, inside, g0, rbc1, rbc2, key, sign, beta1, beta2,
+                                 eps, S_DTYPE, SR, NEED_SUM, WIDE, 1)
     tl.store(partial_sum + pid, s)
     tl.store(partial_bad + pid, bad)
 
