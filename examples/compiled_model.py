@@ -8,7 +8,10 @@ sources, from the same initial weights and the same batches, three ways:
 * ``module``: ``torch.compile(model)``, with LuminaMoon stepping outside the compiled code;
 * ``step``: a whole training step (zero_grad, forward, backward, ``opt.step()``) compiled with
   ``torch.compile``: Dynamo breaks the graph around the backward pass and around LuminaMoon's
-  step, whose kernels it does not trace.
+  step, whose kernels it does not trace;
+* ``resume``: the compiled step again, stopped halfway: the model's and the optimizer's state
+  dicts go through ``torch.save`` and ``torch.load`` into a new model, optimizer and compiled
+  step, which train on.
 
 It prints each run's losses and the largest difference from the eager run (a run that fails
 is reported and the others still go; the exit status is then 1). With ``--backend aot_eager``
@@ -37,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from stdlib_text import VOCAB_SIZE, split_blocks, token_blocks  # noqa: E402
 
-MODES = ("eager", "module", "step")
+MODES = ("eager", "module", "step", "resume")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -77,8 +80,8 @@ def _batches(args, device):
     return [(x[i].to(device), y[i].to(device)) for i in order]
 
 
-def run(mode: str, args, batches, device) -> Dict[str, Any]:
-    """One training run of ``len(batches)`` steps; the same initial weights for every mode."""
+def _setup(mode: str, args, device):
+    """The model (the same initial weights for every mode), its optimizer and a training step."""
     import torch
 
     from luminamoon import LuminaMoon
@@ -112,7 +115,7 @@ def run(mode: str, args, batches, device) -> Dict[str, Any]:
             loss.backward()
             opt.step()
             return loss
-    elif mode == "step":
+    elif mode in ("step", "resume"):
         @torch.compile(backend=args.backend)
         def train_step(x, y):
             opt.zero_grad(set_to_none=True)
@@ -122,11 +125,35 @@ def run(mode: str, args, batches, device) -> Dict[str, Any]:
             return loss
     else:
         raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
+    return model, opt, train_step
 
+
+def run(mode: str, args, batches, device) -> Dict[str, Any]:
+    """One training run of ``len(batches)`` steps; the same initial weights for every mode.
+
+    ``resume``: the compiled training step stops halfway, saves the model's and the
+    optimizer's state dicts (torch.save), and a new model, optimizer and compiled step load
+    them and take the other half."""
+    import tempfile
+
+    import torch
+
+    model, opt, train_step = _setup(mode, args, device)
     losses = []
     t0 = time.perf_counter()
-    for x, y in batches:
+    stop = len(batches) // 2 if mode == "resume" else len(batches)
+    for x, y in batches[:stop]:
         losses.append(float(train_step(x, y).detach()))
+    if mode == "resume":
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "checkpoint.pt")
+            torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict()), path)
+            model, opt, train_step = _setup(mode, args, device)  # a fresh process would
+            ckpt = torch.load(path, map_location=device, weights_only=True)
+            model.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["optimizer"])
+        for x, y in batches[stop:]:
+            losses.append(float(train_step(x, y).detach()))
     seconds = time.perf_counter() - t0
     params = [p.detach().clone() for p in model.parameters()]
     return dict(losses=losses, seconds=seconds, params=params,

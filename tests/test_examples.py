@@ -280,6 +280,23 @@ def test_compiled_train_step_calling_opt_step_matches_eager():
     assert step["bitwise_params"]
 
 
+def test_compiled_train_step_resumed_from_a_checkpoint_continues_as_eager():
+    """The compiled training step stopped halfway, its model's and optimizer's state dicts
+    saved and loaded into a new model, optimizer and compiled step: the resumed run's losses
+    and final weights are eager's uninterrupted ones, bit for bit (the step counts, moments and
+    rounding seed came back)."""
+    compiled_model = _compiled_model()
+    result = compiled_model.main(COMPILE_TINY + ["--backend", "aot_eager",
+                                                 "--modes", "eager,resume"])
+    resume = _runs(result)["resume"]
+    falls, means = _falls(resume["losses"], n=2)
+    assert falls, means
+    assert resume["bitwise_losses"], (resume["losses"], result["runs"]["eager"]["losses"])
+    assert resume["bitwise_params"]
+    steps = {int(v["step"]) for v in resume["state"]["state"].values()}
+    assert steps == {6}, steps
+
+
 def test_fullgraph_compile_of_opt_step_says_luminamoon_cannot_be_one_graph():
     """fullgraph=True forbids graph breaks, and LuminaMoon's step launches kernels Dynamo does
     not trace: the compile must fail with Dynamo's Unsupported error, and its explanation (the

@@ -378,3 +378,114 @@ def test_a_compiled_training_step_calling_step_matches_eager_on_the_gpu(backend,
             fn(torch.full((4, 16), 0.1 * (k + 1), device="cuda"))
         out.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*out))
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_a_transposed_parameter_on_the_gpu_steps_as_its_contiguous_copy(backend, request, clip):
+    """A parameter that is a transposed view, its gradient strided too: the values of the
+    contiguous parameter's run, bit for bit without the clip (elementwise); with it, S is summed
+    in the memory order the kernels walk, so within float32 rounding."""
+    torch.manual_seed(5)
+    base = torch.randn(24, 40, device="cuda")
+    strided = torch.nn.Parameter(base.clone().t())  # shape (40, 24), strides (1, 40)
+    plain = torch.nn.Parameter(base.clone().t().contiguous())
+    opts = [_opt([p], backend, request, lr=1e-2, seed=2, clip=clip) for p in (strided, plain)]
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    for _ in range(3):
+        g = torch.randn(24, 40, device="cuda", generator=gen)
+        strided.grad = g.clone().t()
+        plain.grad = g.clone().t().contiguous()
+        for o in opts:
+            o.step()
+    assert strided.stride() == (1, 40)
+    if clip == 0.0:
+        assert torch.equal(strided.detach().contiguous(), plain.detach())
+    else:
+        torch.testing.assert_close(strided.detach().contiguous(), plain.detach())
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1e-3], ids=["nan", "inf", "negative"])
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_a_bad_lr_in_device_memory_skips_the_step_on_the_device(backend, request, value):
+    """An lr tensor on the GPU that is not finite and >= 0 (a scheduler's tensor gone bad): the
+    step is skipped on the device and counted, with no host synchronisation; the next good lr
+    steps as usual."""
+    torch.manual_seed(3)
+    model = torch.nn.Linear(32, 16).cuda()
+    lr = torch.tensor(1e-2, device="cuda")
+    opt = _opt(model.parameters(), backend, request, lr=lr, seed=3, clip=1.0)
+    x = torch.randn(8, 32, device="cuda")
+    model(x).pow(2).mean().backward()
+    opt.step()  # the plan, the kernels
+    model(x).pow(2).mean().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    lr.fill_(value)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.equal(a, p.detach()) for a, p in zip(before, model.parameters()))
+    assert int(opt.skipped_steps) == 1
+    assert all(int(s["step"]) == 1 for s in opt.state.values())
+    lr.fill_(1e-2)
+    opt.step()
+    assert not all(torch.equal(a, p.detach()) for a, p in zip(before, model.parameters()))
+    assert all(int(s["step"]) == 2 for s in opt.state.values())
+
+
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_propagate_with_clip_carries_nan_as_the_reference_on_the_gpu(backend, request):
+    """nonfinite="propagate" with the clip: a NaN gradient element makes S NaN, so the whole
+    tensor's update is NaN, as on the reference backend (tests/test_torch_contract.py runs the
+    CPU backends)."""
+    from luminamoon import LuminaMoon
+
+    results = []
+    for name in (backend, "reference"):
+        torch.manual_seed(2)
+        w = torch.nn.Parameter(torch.randn(64, 8, device="cuda"))
+        b = torch.nn.Parameter(torch.randn(8, device="cuda"))
+        kw = dict(lr=1e-2, seed=9, clip=1.0, nonfinite="propagate")
+        opt = (_opt([w, b], name, request, **kw) if name != "reference"
+               else LuminaMoon([w, b], backend="reference", **kw))
+        w.grad = torch.randn(64, 8, device="cuda")
+        b.grad = torch.randn(8, device="cuda")
+        w.grad[3, 4] = float("nan")
+        opt.step()
+        results.append((torch.isnan(w.detach()), torch.isnan(b.detach()), int(opt.skipped_steps)))
+    (wn, bn, skipped), (wn_ref, bn_ref, _) = results
+    assert bool(wn.all()) and torch.equal(wn, wn_ref)
+    assert not bool(bn.any()) and torch.equal(bn, bn_ref)
+    assert skipped == 0
+
+
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_compiling_the_step_itself_on_the_gpu(backend, request):
+    """fullgraph=True fails with a message naming LuminaMoon and changes nothing (first: once a
+    frame broke, Dynamo skips it, and fullgraph can only say so); torch.compile(opt.step) then
+    runs with a graph break around the kernels and steps as eager."""
+    import inspect
+
+    with_reason = "reason" in inspect.signature(torch.compiler.disable).parameters  # 2.6+
+    out = []
+    for how in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 16).cuda()
+        opt = _opt(model.parameters(), backend, request, lr=1e-2, seed=7)
+        torch._dynamo.reset()
+        step = opt.step
+        if how == "compiled":
+            model(torch.ones(2, 16, device="cuda")).sum().backward()
+            with pytest.raises(Exception, match=r"LuminaMoon.step launches its own fused kernels"
+                               if with_reason else r"disable"):
+                torch.compile(lambda: opt.step(), backend="eager", fullgraph=True)()
+            assert all(int(s["step"]) == 0 for s in opt.state.values())
+            step = torch.compile(opt.step, backend="eager")
+        for k in range(3):
+            opt.zero_grad()
+            model(torch.full((4, 16), 0.1 * (k + 1), device="cuda")).pow(2).mean().backward()
+            step()
+        out.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*out))

@@ -152,3 +152,29 @@ def test_a_gradient_whose_dtype_changed_under_it_is_seen(backend, check):
     else:  # the plan was rebuilt for the float64 gradient, not read as float32
         assert opt._plan is not plan
         assert int(opt.state[p]["step"]) == 2
+
+
+@pytest.mark.skipif(not native_available(), reason="needs the compiled luminamoon._luminav module")
+def test_vouched_gradients_are_not_checked_again_by_the_backend(check, monkeypatch):
+    """New gradient tensors every step (zero_grad(set_to_none=True), then backward): the plan
+    has checked their layout (test_a_gradient_of_another_layout_rebuilds_the_plan: one it cannot
+    read rebuilds it), so the cpu backend only takes their addresses; the results are the
+    reference's."""
+    from luminamoon.optimizer.backends import native
+
+    calls = []
+    real = native._IS_CONTIGUOUS
+    monkeypatch.setattr(native, "_IS_CONTIGUOUS", lambda t: calls.append(1) or real(t))
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (5, 300, 17)]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt = LuminaMoon(params, backend="cpu", seed=4)
+    ref = LuminaMoon(twins, backend="reference", seed=4)
+    for step in range(3):
+        for p, q in zip(params, twins):
+            g = torch.randn_like(p)
+            p.grad, q.grad = g.clone(), g.clone()  # new tensors at new addresses
+        opt.step()
+        ref.step()
+    assert calls == []
+    for p, q in zip(params, twins):
+        torch.testing.assert_close(p, q)

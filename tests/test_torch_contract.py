@@ -171,6 +171,9 @@ def test_hyperparameters_are_checked_as_float32(kwargs, match):
     (lambda g: g.__setitem__("eps", 1e-50), r"eps \(param group 0\) rounds to 0 in float32"),
     (lambda g: g.__setitem__("lr", torch.tensor(float("nan"))),
      r"lr \(param group 0\) must be finite, got nan"),
+    (lambda g: g.__setitem__("lr", torch.tensor([float("inf")])),
+     r"lr \(param group 0\) must be finite, got inf"),
+    (lambda g: g.__setitem__("lr", torch.tensor(-1e-3)), r"lr \(param group 0\) must be >= 0"),
 ])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_edits_between_steps_get_the_constructors_messages_and_change_nothing(
@@ -221,7 +224,7 @@ def _conv_pair(memory_format, dtype):
 
 @pytest.mark.parametrize("dtype, sr", [(torch.float32, False), (torch.bfloat16, True),
                                        (torch.bfloat16, False)], ids=["fp32", "bf16-sr", "bf16-rne"])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ["auto"])
 def test_channels_last_parameters_step_as_contiguous_ones(backend, dtype, sr):
     cl, plain = _conv_pair(torch.channels_last, dtype)
     assert cl.weight.is_contiguous(memory_format=torch.channels_last) and not cl.weight.is_contiguous()
@@ -240,7 +243,7 @@ def test_channels_last_parameters_step_as_contiguous_ones(backend, dtype, sr):
     assert torch.equal(cl.bias.detach(), plain.bias.detach())
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ["auto"])
 def test_a_transposed_view_parameter_steps_as_its_contiguous_copy(backend):
     base = torch.randn(6, 9)
     p_view = torch.nn.Parameter(base.t())  # strides (1, 9): not contiguous
@@ -300,7 +303,14 @@ def test_a_torch_adamw_state_dict_gets_a_clear_message_and_changes_nothing():
     (lambda sd: sd["state"][1].__setitem__("exp_avg", torch.zeros(3)), r"has shape \(3,\)"),
     (lambda sd: sd["param_groups"][0].__setitem__("rounding_stream", 7), r"rounding_stream"),
     (lambda sd: sd["param_groups"][0].__setitem__("seed", -5), r"seed must be None or an integer"),
-], ids=["groups", "sizes", "hyper", "negative-step", "fractional-step", "shape", "stream", "seed"])
+    (lambda sd: sd["param_groups"][0].__setitem__("lr", "0.1"),
+     r"lr \(param group 0 of the loaded state dict\) must be a real number, got '0.1'"),
+    (lambda sd: sd["param_groups"][0].__setitem__("maximize", "yes"),
+     r"maximize \(param group 0 of the loaded state dict\) must be True or False"),
+    (lambda sd: sd["state"][1].__setitem__("exp_avg_sq", sd["state"][1]["exp_avg_sq"].int()),
+     r"'exp_avg_sq' for .* has dtype torch.int32; it must be a floating point tensor"),
+], ids=["groups", "sizes", "hyper", "negative-step", "fractional-step", "shape", "stream", "seed",
+        "lr-type", "flag-type", "state-dtype"])
 def test_load_state_dict_checks_everything_first_and_changes_nothing(break_it, match):
     model = _model()
     opt = LuminaMoon(model.parameters(), seed=3)

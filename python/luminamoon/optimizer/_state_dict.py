@@ -160,6 +160,14 @@ def _param_state(p: torch.Tensor, values: Any, group: Dict[str, Any], name: str
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"the state dict's {key!r} of {name} must be a tensor, got "
                              f"{type(value).__name__}")
+        if not value.is_floating_point():
+            # (a floating point state of another precision is converted, as torch.optim
+            # converts it to the parameter's; integers, booleans and complex numbers are no
+            # moments of this optimizer)
+            raise ValueError(
+                f"the state dict's {key!r} for {name} has dtype {value.dtype}; it must be a "
+                f"floating point tensor (it is stored as {wanted[key]}): the state dict belongs "
+                f"to another optimizer or was altered")
         if tuple(value.shape) != tuple(p.shape):
             raise ValueError(
                 f"the state dict's {key!r} for {name} has shape {tuple(value.shape)} but the "

@@ -107,7 +107,10 @@ class CpuBackend(Backend):
             if grad_ptrs is None or len(grad_ptrs) != len(group.grads):
                 grad_ptrs = tuple(map(_DATA_PTR, group.grads))
             if grad_ptrs != st.grad_ptrs:
-                if (tuple(map(_NUMEL, group.grads)) != st.numels
+                # (gradients the optimizer vouched for, group.grad_ptrs, kept the dtype, shape
+                # and strides this state was built with: its step plan checked them)
+                if grad_ptrs is not group.grad_ptrs and (
+                        tuple(map(_NUMEL, group.grads)) != st.numels
                         or set(map(_DTYPE, group.grads)) != {group.grad_dtype}
                         or not all(map(_IS_CONTIGUOUS, group.grads))):
                     check_group_tensors(group, "cpu")  # raises, naming the gradient

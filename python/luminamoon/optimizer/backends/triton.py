@@ -241,8 +241,16 @@ def _check_grads_by_name(group: LaunchGroup) -> None:
 
 
 def _refresh_grads(st: _GroupState, group: LaunchGroup, grad_ptrs: tuple) -> None:
-    """New gradient tensors: check them, then rewrite the GRAD column in stream order."""
-    if not _grads_fit(st, group, grad_ptrs):
+    """New gradient tensors: check them, then rewrite the GRAD column in stream order.
+
+    Where the optimizer vouched for them (``group.grad_ptrs``: its step plan checked every
+    gradient's dtype, shape, strides and device against the ones this state was built with)
+    only their addresses' alignment is new to look at."""
+    if grad_ptrs is group.grad_ptrs:
+        fits = not functools.reduce(operator.or_, grad_ptrs, 0) % ALIGN_BYTES
+    else:
+        fits = _grads_fit(st, group, grad_ptrs)
+    if not fits:
         _check_grads_by_name(group)
     # pinned host memory, then an asynchronous copy into the column
     col = grad_column(grad_ptrs, pinned=group.device.type == "cuda")
