@@ -15,7 +15,7 @@ FUZZ_BUILD ?= build/fuzz
 # Seconds each libFuzzer target runs in `make fuzz` (and so in `make test`).
 FUZZ_SECONDS ?= 60
 
-.PHONY: setup system-deps venv install dev cpp cpp-test cpp-asan-test fuzz pytest test test-matrix demo bench clean
+.PHONY: setup system-deps venv install demo-install dev cpp cpp-test cpp-asan-test fuzz pytest test test-matrix demo bench clean
 
 setup: install
 
@@ -26,17 +26,37 @@ $(VENV)/.deps-stamp: scripts/install-system-deps.sh pyproject.toml
 	$(MAKE) system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" numpy scikit-build-core nanobind \
-	    pytest pytest-timeout hypothesis build tqdm matplotlib \
-	    transformers accelerate lightning
-	touch $@
+	$(VPY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" $(DEMO_PACKAGES) \
+	    pytest pytest-timeout hypothesis build transformers accelerate lightning
+	touch $@ $(VENV)/.demo-deps-stamp
 
 venv: $(VENV)/.deps-stamp
+
+# `make demo` needs less than the tests: the wheel's build (no GoogleTest, no fuzzers), torch,
+# and the demo's progress bars and plots; Triton only where a GPU can run it. On a machine
+# without an NVIDIA GPU the wheel is built without its default AOT bundle (the CPU engine runs
+# the demo; compiling the bundle's kernels would take minutes of two cores for nothing);
+# `make install` and `make test` build it. DEMO_BUNDLE=auto|OFF overrides the choice.
+DEMO_PACKAGES := numpy scikit-build-core nanobind tqdm matplotlib
+HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+DEMO_BUNDLE ?= $(if $(HAVE_GPU),auto,OFF)
+
+$(VENV)/.demo-deps-stamp: scripts/install-system-deps.sh pyproject.toml
+	bash scripts/install-system-deps.sh build
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q "$(TORCH_SPEC)" $(if $(HAVE_GPU),"$(TRITON_SPEC)") $(DEMO_PACKAGES)
+	touch $@
+
+demo-install: $(VENV)/.demo-deps-stamp
+	$(VPY) -m pip install -q --no-build-isolation --no-deps \
+	    --config-settings=cmake.define.LUMINAMOON_DEFAULT_BUNDLE=$(DEMO_BUNDLE) .
 
 # A real `pip install .`: scikit-build-core builds libluminav, the luminav CLI and the
 # nanobind module luminamoon._luminav.
 install: venv
-	$(VPY) -m pip install -q --no-build-isolation --no-deps .
+	$(VPY) -m pip install -q --no-build-isolation --no-deps \
+	    --config-settings=cmake.define.LUMINAMOON_DEFAULT_BUNDLE=auto .
 
 # In-tree build for development: the module lands in python/luminamoon/ (use PYTHONPATH=python).
 dev: venv
@@ -86,11 +106,12 @@ test: cpp-test cpp-asan-test fuzz pytest
 MATRIX_OUT ?= build/matrix
 test-matrix: venv
 	rm -rf $(MATRIX_OUT)/dist
-	$(VPY) -m pip wheel -q --no-build-isolation --no-deps -w $(MATRIX_OUT)/dist .
+	$(VPY) -m pip wheel -q --no-build-isolation --no-deps -w $(MATRIX_OUT)/dist \
+	    --config-settings=cmake.define.LUMINAMOON_DEFAULT_BUNDLE=auto .
 	$(VPY) scripts/test_matrix.py --wheel $$(ls $(MATRIX_OUT)/dist/luminamoon-*.whl) \
 	    --out $(MATRIX_OUT) $(MATRIX_ARGS)
 
-demo: install
+demo: demo-install
 	$(VPY) -m luminamoon demo
 
 bench: install

@@ -284,7 +284,8 @@ def time_optimizer_steps(session: Session, backends: Sequence[str]) -> List[Step
     before and after the step. LuminaMoon runs as in training (TDCLM: clip, skip check) on
     every backend, and in AdamW mode (clip 0, no skip check, round to nearest: torch AdamW's
     work) on the first.
-    The reference backend, an oracle and not a fast path, gets a quarter of the steps.
+    The fast optimizers take their steps in turns (one each a round); the reference backend, an
+    oracle and not a fast path, gets a quarter of the steps, after them.
     """
     import torch
     import torch.nn.functional as F
@@ -315,26 +316,54 @@ def time_optimizer_steps(session: Session, backends: Sequence[str]) -> List[Step
             if flavour == "fused" and session.adamw != "fused":
                 continue
             candidates.append((f"torch AdamW {flavour}", adamw(flavour)))
+        # every optimizer steps its own copy; the fast ones take their timed steps in turns,
+        # one step each a round, so that a machine whose speed drifts (a shared or throttled
+        # CPU) moves all of them alike; the slow reference after them, alone
+        live = []
+        failed = {}
         for name, make in candidates:
             params = [p.detach().clone().requires_grad_() for p in model.parameters()]
             try:
-                opt = make(params)
-                samples = []
-                slow = "reference" in name
-                steps = max(3, cfg.bench_steps // 4) if slow else cfg.bench_steps
-                warmup = min(2, cfg.bench_warmup) if slow else cfg.bench_warmup
-                for i in range(warmup + steps):
-                    for p, g in zip(params, grads):
-                        p.grad = g.clone()
-                    session.sync()
-                    t0 = time.perf_counter()
-                    opt.step()
-                    session.sync()
-                    if i >= warmup:
-                        samples.append(time.perf_counter() - t0)
-                rows.append(StepTiming(name, dtype, 1e3 * statistics.median(samples)))
+                live.append((name, params, make(params), []))
             except Exception as exc:  # a backend that cannot run here is reported, not fatal
-                rows.append(StepTiming(name, dtype, math.nan, f"{type(exc).__name__}: {exc}"))
+                failed[name] = f"{type(exc).__name__}: {exc}"
+                live.append((name, params, None, []))
+
+        def timed_step(params, opt) -> float:
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            session.sync()
+            t0 = time.perf_counter()
+            opt.step()
+            session.sync()
+            return time.perf_counter() - t0
+
+        fast = [entry for entry in live if "reference" not in entry[0]]
+        for i in range(cfg.bench_warmup + cfg.bench_steps):
+            for name, params, opt, samples in fast:
+                if name in failed:
+                    continue
+                try:
+                    dt = timed_step(params, opt)
+                except Exception as exc:  # noqa: BLE001 - reported in the table
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+                    continue
+                if i >= cfg.bench_warmup:
+                    samples.append(dt)
+        for name, params, opt, samples in live:
+            if "reference" in name and name not in failed:
+                try:
+                    for i in range(min(2, cfg.bench_warmup) + max(3, cfg.bench_steps // 4)):
+                        dt = timed_step(params, opt)
+                        if i >= min(2, cfg.bench_warmup):
+                            samples.append(dt)
+                except Exception as exc:  # noqa: BLE001
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+        for name, _params, _opt, samples in live:
+            if name in failed:
+                rows.append(StepTiming(name, dtype, math.nan, failed[name]))
+            else:
+                rows.append(StepTiming(name, dtype, 1e3 * statistics.median(samples)))
     return rows
 
 
