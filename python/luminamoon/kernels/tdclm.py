@@ -405,7 +405,7 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     # 32-bit and 16-bit element tensors together: one layout of 4 elements per access
     MIXED: tl.constexpr = ((P_DTYPE == 0) != (S_DTYPE == 0)) or ((G_DTYPE == 0) != (S_DTYPE == 0))
     # the wide Philox multiply where every tensor is 16-bit (rounding._stream_words16)
-    WIDE: tl.constexpr = (P_DTYPE != 0) and (G_DTYPE != 0) and (S_DTYPE != 0)
+    WIDE: tl.constexpr = ((P_DTYPE != 0) and (G_DTYPE != 0)) and (S_DTYPE != 0)
     start, offs = _block_layout(pid, block_start, BLOCK, MIXED, SR)
     p_ptr = _elem_ptr(p_addr, P_DTYPE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
