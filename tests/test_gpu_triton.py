@@ -489,3 +489,37 @@ def test_compiling_the_step_itself_on_the_gpu(backend, request):
             step()
         out.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*out))
+
+
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_new_gradient_tensors_every_step_step_as_the_same_ones(backend, request):
+    """New gradient tensors at new addresses every step (the plan vouches for them, the backend
+    only rewrites its gradient column) give the bits of the same values in the same tensors; a
+    gradient at an address the kernels cannot read (not 16-byte aligned) is refused before
+    anything changes, naming it."""
+    torch.manual_seed(8)
+    shapes = [(33, 17), (5,), (64, 64)]
+    a = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in shapes]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    oa = _opt(a, backend, request, lr=1e-2, seed=5, clip=1.0)
+    ob = _opt(b, backend, request, lr=1e-2, seed=5, clip=1.0)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    held = [torch.zeros(s, device="cuda") for s in shapes]
+    for _ in range(4):
+        grads = [torch.randn(s, device="cuda", generator=gen) for s in shapes]
+        for p, g in zip(a, grads):
+            p.grad = g.clone()  # new tensors, new addresses
+        for p, h, g in zip(b, held, grads):
+            h.copy_(g)
+            p.grad = h  # the same tensors every step
+        oa.step()
+        ob.step()
+    assert all(torch.equal(x.detach(), y.detach()) for x, y in zip(a, b))
+    before = [p.detach().clone() for p in a]
+    buf = torch.zeros(33 * 17 + 1, device="cuda")
+    a[0].grad = buf[1:].view(33, 17)  # 4 bytes past an aligned address
+    for p in a[1:]:
+        p.grad = torch.ones_like(p)
+    with pytest.raises(ValueError, match="grad"):
+        oa.step()
+    assert all(torch.equal(x, p.detach()) for x, p in zip(before, a))
