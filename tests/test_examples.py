@@ -267,17 +267,24 @@ def test_compiled_module_inductor_close_to_eager():
         assert module["diff"] <= 1.5 * adamw["diff"], (module, adamw)
 
 
+def _aot_eager_run_as_eager(mode: str):
+    """compiled_model's run ``mode`` beside eager with aot_eager: its loss falls, and its losses
+    and final weights are eager's, bit for bit; returns the run."""
+    compiled_model = _compiled_model()
+    result = compiled_model.main(COMPILE_TINY + ["--backend", "aot_eager",
+                                                 "--modes", f"eager,{mode}"])
+    run = _runs(result)[mode]
+    falls, means = _falls(run["losses"], n=2)
+    assert falls, means
+    assert run["bitwise_losses"], (run["losses"], result["runs"]["eager"]["losses"])
+    assert run["bitwise_params"]
+    return run
+
+
 def test_compiled_train_step_calling_opt_step_matches_eager():
     """A training step compiled whole (zero_grad, forward, backward, opt.step()): Dynamo breaks
     the graph around the backward pass and LuminaMoon's step, and the run equals eager's."""
-    compiled_model = _compiled_model()
-    result = compiled_model.main(COMPILE_TINY + ["--backend", "aot_eager",
-                                                 "--modes", "eager,step"])
-    step = _runs(result)["step"]
-    falls, means = _falls(step["losses"], n=2)
-    assert falls, means
-    assert step["bitwise_losses"], (step["losses"], result["runs"]["eager"]["losses"])
-    assert step["bitwise_params"]
+    _aot_eager_run_as_eager("step")
 
 
 def test_compiled_train_step_resumed_from_a_checkpoint_continues_as_eager():
@@ -285,14 +292,7 @@ def test_compiled_train_step_resumed_from_a_checkpoint_continues_as_eager():
     saved and loaded into a new model, optimizer and compiled step: the resumed run's losses
     and final weights are eager's uninterrupted ones, bit for bit (the step counts, moments and
     rounding seed came back)."""
-    compiled_model = _compiled_model()
-    result = compiled_model.main(COMPILE_TINY + ["--backend", "aot_eager",
-                                                 "--modes", "eager,resume"])
-    resume = _runs(result)["resume"]
-    falls, means = _falls(resume["losses"], n=2)
-    assert falls, means
-    assert resume["bitwise_losses"], (resume["losses"], result["runs"]["eager"]["losses"])
-    assert resume["bitwise_params"]
+    resume = _aot_eager_run_as_eager("resume")
     steps = {int(v["step"]) for v in resume["state"]["state"].values()}
     assert steps == {6}, steps
 

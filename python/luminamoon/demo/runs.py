@@ -338,27 +338,24 @@ def time_optimizer_steps(session: Session, backends: Sequence[str]) -> List[Step
             session.sync()
             return time.perf_counter() - t0
 
-        fast = [entry for entry in live if "reference" not in entry[0]]
-        for i in range(cfg.bench_warmup + cfg.bench_steps):
-            for name, params, opt, samples in fast:
-                if name in failed:
-                    continue
-                try:
-                    dt = timed_step(params, opt)
-                except Exception as exc:  # noqa: BLE001 - reported in the table
-                    failed[name] = f"{type(exc).__name__}: {exc}"
-                    continue
-                if i >= cfg.bench_warmup:
-                    samples.append(dt)
-        for name, params, opt, samples in live:
-            if "reference" in name and name not in failed:
-                try:
-                    for i in range(min(2, cfg.bench_warmup) + max(3, cfg.bench_steps // 4)):
+        def take_rounds(entries, warmup: int, steps: int) -> None:
+            """warmup + steps rounds of one step of each entry; the timed ones after warmup."""
+            for i in range(warmup + steps):
+                for name, params, opt, samples in entries:
+                    if name in failed:
+                        continue
+                    try:
                         dt = timed_step(params, opt)
-                        if i >= min(2, cfg.bench_warmup):
-                            samples.append(dt)
-                except Exception as exc:  # noqa: BLE001
-                    failed[name] = f"{type(exc).__name__}: {exc}"
+                    except Exception as exc:  # noqa: BLE001 - reported in the table
+                        failed[name] = f"{type(exc).__name__}: {exc}"
+                        continue
+                    if i >= warmup:
+                        samples.append(dt)
+
+        take_rounds([e for e in live if "reference" not in e[0]], cfg.bench_warmup,
+                    cfg.bench_steps)
+        take_rounds([e for e in live if "reference" in e[0]], min(2, cfg.bench_warmup),
+                    max(3, cfg.bench_steps // 4))
         for name, _params, _opt, samples in live:
             if name in failed:
                 rows.append(StepTiming(name, dtype, math.nan, failed[name]))

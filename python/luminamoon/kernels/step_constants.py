@@ -68,8 +68,8 @@ def _bias_reciprocals(beta1, beta2, t):
 @triton.jit
 def _load_step_cache(table, row, t):
     """The cache slot t & 1 of table row ``row``: (the step it holds, the bits of rbc1 | the bits
-    of rbc2 << 32, seed_tk). A program issues these loads after its element loads: the step
-    counter they wait on came with those, and the slot arrives before the elements do."""
+    of rbc2 << 32, seed_tk). Pass 1 issues these loads after a full block's element loads (the
+    step counter they wait on came with its row), so the slot arrives while they are in flight."""
     slot = table + row.to(tl.int64) * _TC + _CC + (t & 1) * 3
     return tl.load(slot), tl.load(slot + 1), tl.load(slot + 2)
 

@@ -480,8 +480,8 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
                                NEED_SUM: tl.constexpr, BLOCK: tl.constexpr):
     """Per block: partial_sum = sum of u*u (NEED_SUM) and partial_bad = any non-finite grad.
 
-    As in pass 2, the step counter and the constants' cache are loaded with the row, a full
-    block's elements before the constants are waited on, and the two results are reduced
+    The step counter is loaded with the row; a full block's elements are loaded before the
+    constants' cache slot is read (it needs the counter), and the two results are reduced
     together at the end."""
     sign, beta1, beta2, eps = _adam_scalars(sign, beta1, beta2, eps)
     pid = tl.program_id(0)

@@ -6,16 +6,18 @@ engine's build_tables.
 """
 from __future__ import annotations
 
+import functools
+import operator
 from typing import NamedTuple, Sequence
 
 import torch
 
-from ...kernels.layout import (COL_BLOCK_START, COL_ELEM_OFFSET, COL_EXP_AVG, COL_EXP_AVG_SQ,
+from ...kernels.layout import (ALIGN_BYTES, COL_BLOCK_START, COL_ELEM_OFFSET, COL_EXP_AVG, COL_EXP_AVG_SQ,
                                COL_GLOBAL_NUMEL, COL_GRAD, COL_NUMEL, COL_P_INIT, COL_PARAM,
                                COL_PARAM_INDEX, COL_STEP, HOST_COLS, TABLE_COLS)
 from .._groups import LaunchGroup
 
-__all__ = ["HostTables", "build_table", "grad_column", "signed64"]
+__all__ = ["HostTables", "aligned", "build_table", "grad_column", "signed64"]
 
 # build_table writes the host columns in this order, one list per row.
 if (COL_PARAM, COL_GRAD, COL_EXP_AVG, COL_EXP_AVG_SQ, COL_P_INIT, COL_STEP, COL_NUMEL,
@@ -37,6 +39,11 @@ def signed64(x: int) -> int:
     """An address (uint64) as the int64 with the same bits, as the table stores it."""
     x = int(x) & 0xFFFFFFFFFFFFFFFF
     return x - (1 << 64) if x >= (1 << 63) else x
+
+
+def aligned(ptrs: Sequence[int]) -> bool:
+    """Whether every address is a multiple of ALIGN_BYTES, as the kernels declare them."""
+    return not functools.reduce(operator.or_, ptrs, 0) % ALIGN_BYTES
 
 
 def build_table(group: LaunchGroup, block: int) -> HostTables:

@@ -8,7 +8,6 @@ and nothing else happens: no device probing, no bundle loading (that waits for t
 """
 from __future__ import annotations
 
-import functools
 import operator
 import os
 from typing import List, Optional, Tuple
@@ -18,7 +17,7 @@ import torch
 from ...kernels.layout import ALIGN_BYTES, DTYPE_CODES, NONFINITE_CODES
 from .._groups import LaunchGroup
 from .._validation import check_group_tensors
-from ._tables import build_table, grad_column
+from ._tables import aligned, build_table, grad_column
 from .base import Backend
 
 try:
@@ -300,7 +299,7 @@ class AotBackend(Backend):
                         # dtype, shape, strides and device, and every parameter's address
                         # (states and step counters move only with a new launch group), so
                         # only the new addresses' alignment is left to look at
-                        if functools.reduce(operator.or_, grad_ptrs, 0) % ALIGN_BYTES:
+                        if not aligned(grad_ptrs):
                             check_group_tensors(group, "aot", ALIGN_BYTES)  # names it
                     else:
                         rows = _rows(group)

@@ -5,7 +5,6 @@ backend); on CPU tensors only under TRITON_INTERPRET=1 (tests).
 The kernels, their arguments and the device tables they read are specified in
 docs/internals.md; the update rule in docs/tdclm.md. Importing this module imports Triton.
 """
-import functools
 import operator
 import struct
 from typing import Optional, Tuple
@@ -19,7 +18,7 @@ from ...kernels.layout import ALIGN_BYTES, COL_GRAD, DTYPE_CODES
 from ...kernels.rounding import INTERPRET as _INTERPRET
 from .._groups import LaunchGroup
 from .._validation import _same_device, check_element_tensor, check_group_tensors
-from ._tables import build_table, grad_column, signed64
+from ._tables import aligned, build_table, grad_column, signed64
 from .base import Backend
 
 __all__ = ["TritonBackend"]
@@ -226,7 +225,7 @@ def _grads_fit(st: _GroupState, group: LaunchGroup, grad_ptrs: tuple) -> bool:
         return (tuple(map(_NUMEL, grads)) == st.numels
                 and set(map(_DTYPE, grads)) <= {group.grad_dtype}
                 and all(map(_IS_CONTIGUOUS, grads))
-                and not functools.reduce(operator.or_, grad_ptrs, 0) % ALIGN_BYTES
+                and aligned(grad_ptrs)
                 and all(_same_device(d, group.device) for d in set(map(_DEVICE, grads))))
     except (TypeError, AttributeError):  # not a tensor: the checks below name it
         return False
@@ -247,7 +246,7 @@ def _refresh_grads(st: _GroupState, group: LaunchGroup, grad_ptrs: tuple) -> Non
     gradient's dtype, shape, strides and device against the ones this state was built with)
     only their addresses' alignment is new to look at."""
     if grad_ptrs is group.grad_ptrs:
-        fits = not functools.reduce(operator.or_, grad_ptrs, 0) % ALIGN_BYTES
+        fits = aligned(grad_ptrs)
     else:
         fits = _grads_fit(st, group, grad_ptrs)
     if not fits:
