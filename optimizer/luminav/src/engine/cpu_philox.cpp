@@ -282,8 +282,9 @@ LV_AVX512_INLINE void groups_avx512(const Keys& k, std::uint64_t j, std::uint32_
 
 __attribute__((target("avx512f"))) void vectors_avx512(const Keys& k, std::uint64_t j, std::uint32_t stream,
                                                        std::int64_t nv, std::uint32_t* out) {
-  for (; nv >= 2; nv -= 2, j += 16, out += 128) groups_avx512<2>(k, j, stream, out);
-  if (nv > 0) groups_avx512<1>(k, j, stream, out);
+  // four vectors at a time (independent multiply chains), then the tail one by one
+  for (; nv >= 4; nv -= 4, j += 32, out += 256) groups_avx512<4>(k, j, stream, out);
+  for (; nv > 0; --nv, j += 8, out += 64) groups_avx512<1>(k, j, stream, out);
 }
 
 void random_words_avx512(std::uint64_t key, std::int64_t first, std::int64_t count, std::uint32_t stream,

@@ -167,13 +167,22 @@ LV_TILE_INLINE void direction_tile(const TensorConsts& c, int n, const float* __
                                    std::uint16_t* __restrict ms = nullptr,
                                    std::uint16_t* __restrict vs = nullptr) {
   static_assert(!KEEP || R == StateRound::kBf16Rne || R == StateRound::kBf16Sr, "bf16 moments only");
+  // With KEEP, m' and v' (bf16 values already: their stored bits are the high halves) are kept
+  // as 32-bit words and narrowed in a second loop, so the first runs at the full float32 width.
+  alignas(64) std::uint32_t mb[KEEP ? kTile : 1], vb[KEEP ? kTile : 1];
   for (int i = 0; i < n; ++i) {
     float mi = m[i], vi = v[i];
     u[i] = moments_one<R>(c, g[i], mi, vi, R == StateRound::kBf16Sr ? w1[i] : 0u,
                           R == StateRound::kBf16Sr ? w2[i] : 0u);
     if constexpr (KEEP) {
-      ms[i] = bf16_rne(mi);  // what pass 2's store_tile writes for these (bf16) values
-      vs[i] = bf16_rne(vi);
+      mb[i] = f2u(mi);
+      vb[i] = f2u(vi);
+    }
+  }
+  if constexpr (KEEP) {
+    for (int i = 0; i < n; ++i) {
+      ms[i] = static_cast<std::uint16_t>(mb[i] >> 16);  // what pass 2's store_tile writes
+      vs[i] = static_cast<std::uint16_t>(vb[i] >> 16);
     }
   }
 }
