@@ -109,3 +109,21 @@ def test_the_step_time_table_includes_the_cpu_engine_where_it_is_built(quick_dem
     assert available_backends(torch.device("cpu"), None)[0] == "cpu"
     names = {r["name"] for r in quick_demo[2] if r["kind"] == "step_time"}
     assert "LuminaMoon cpu" in names, names
+
+
+def test_threads_option_reaches_the_native_cpu_engine():
+    """`--threads N` gives LuminaMoon's cpu engine N threads (not silently the default)."""
+    native = pytest.importorskip("luminamoon.optimizer.backends.native",
+                                 reason="the compiled cpu engine")
+    import torch
+
+    from luminamoon.demo.config import QUICK, Config
+    from luminamoon.demo.runs import RunSpec, Session
+
+    session = Session(Config(**QUICK), "cpu", "cpu", None, seed=0, cpu_threads=1)
+    params = [torch.zeros(4, requires_grad=True)]
+    opt = session.make_optimizer(RunSpec("t", "t", "", "luminamoon", "float32"), params)
+    backends = [b for b in vars(opt).values() if isinstance(b, native.CpuBackend)]
+    backends += [b for g in opt.param_groups for b in g.values()
+                 if isinstance(b, native.CpuBackend)]
+    assert backends and all(b.num_threads == 1 for b in backends), vars(opt)

@@ -14,7 +14,7 @@ from typing import Tuple
 class Config:
     """Everything a demo run depends on; the defaults are the full `make demo`."""
 
-    steps: int = 600
+    steps: int = 400
     d_model: int = 128
     n_layer: int = 2
     n_head: int = 4

@@ -152,7 +152,7 @@ class Session:
         backend = backend or self.backend
         if self.cpu_threads and self.device.type == "cpu" and backend in ("auto", "cpu"):
             try:
-                from ..optimizer.native import CpuBackend
+                from ..optimizer.backends.native import CpuBackend
 
                 backend = CpuBackend(num_threads=self.cpu_threads)
             except ImportError:  # no compiled engine: "auto" falls back to the reference
