@@ -127,3 +127,22 @@ def test_threads_option_reaches_the_native_cpu_engine():
     backends += [b for g in opt.param_groups for b in g.values()
                  if isinstance(b, native.CpuBackend)]
     assert backends and all(b.num_threads == 1 for b in backends), vars(opt)
+
+
+def test_on_cuda_the_demo_finds_the_bundle_the_wheel_ships(monkeypatch, tmp_path):
+    """Without --aot-bundle, $LUMINAMOON_AOT_BUNDLE or ./bundle, a CUDA demo takes the
+    installation's default bundle (so its panel has the aot backend); a CPU demo takes none."""
+    from luminamoon.aot import default as aot_default
+    from luminamoon.demo import cli
+
+    shipped = tmp_path / "shipped"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LUMINAMOON_AOT_BUNDLE", raising=False)
+    monkeypatch.setattr(aot_default, "packaged_bundle_dir", lambda: str(shipped))
+    assert cli.default_aot_bundle("cuda") == str(shipped)
+    assert cli.default_aot_bundle("cpu") is None
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "manifest.json").write_text("{}")
+    assert cli.default_aot_bundle("cuda") == "bundle"
+    monkeypatch.setenv("LUMINAMOON_AOT_BUNDLE", "/somewhere")
+    assert cli.default_aot_bundle("cpu") == "/somewhere"

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder of an ahead-of-time bundle ('luminamoon aot build --out "
                              "DIR'); on CUDA it adds the aot backend to the step-time panel "
                              "(default: $LUMINAMOON_AOT_BUNDLE, else ./bundle when it holds a "
-                             "manifest.json, else none)")
+                             "manifest.json, else on CUDA the bundle the installed wheel "
+                             "ships, else none)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights, the batch order and LuminaMoon's "
                              "rounding streams (default 0)")
@@ -98,12 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def default_aot_bundle() -> Optional[str]:
-    """$LUMINAMOON_AOT_BUNDLE, else ./bundle (where the README's build command writes one)."""
-    env = os.environ.get("LUMINAMOON_AOT_BUNDLE")
+def default_aot_bundle(device_type: str = "cuda") -> Optional[str]:
+    """$LUMINAMOON_AOT_BUNDLE, else ./bundle (where the README's build command writes one), else,
+    on CUDA, the bundle this installation ships (a wheel built with its default bundle)."""
+    from ..aot.default import ENV_VAR, packaged_bundle_dir
+
+    env = os.environ.get(ENV_VAR)
     if env:
         return env
-    return "bundle" if os.path.isfile(os.path.join("bundle", "manifest.json")) else None
+    if os.path.isfile(os.path.join("bundle", "manifest.json")):
+        return "bundle"
+    return packaged_bundle_dir() if device_type == "cuda" else None
 
 
 def _load_average() -> str:
@@ -148,7 +154,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads or usable_cores())
     device = resolve_device(args.device)
     if args.aot_bundle is None:
-        args.aot_bundle = default_aot_bundle()
+        args.aot_bundle = default_aot_bundle(device.type)
     if args.backend == "aot" and not args.aot_bundle:
         raise SystemExit("luminamoon demo: --backend aot needs --aot-bundle DIR (written by "
                          "'luminamoon aot build')")
