@@ -146,3 +146,14 @@ def test_on_cuda_the_demo_finds_the_bundle_the_wheel_ships(monkeypatch, tmp_path
     assert cli.default_aot_bundle("cuda") == "bundle"
     monkeypatch.setenv("LUMINAMOON_AOT_BUNDLE", "/somewhere")
     assert cli.default_aot_bundle("cpu") == "/somewhere"
+
+
+def test_throughput_leaves_out_the_warm_up_steps():
+    """A run's tokens/s is taken after its first steps (a GPU run's first step compiles its
+    kernels), as its optimizer time is."""
+    from luminamoon.demo.runs import RunResult, RunSpec
+
+    r = RunResult(RunSpec("t", "t", "", "luminamoon", "float32"), tokens_per_step=100,
+                  step_seconds=[5.0] + [0.01] * 9)
+    assert r.tokens_per_s(1) == pytest.approx(100 / 0.01)
+    assert r.tokens_per_s(0) == pytest.approx(1000 / 5.09)

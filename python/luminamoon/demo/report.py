@@ -73,7 +73,7 @@ def results_table(results: List[RunResult], cfg: Config) -> List[List[str]]:
             note = f"weights NaN from step {r.nan_from}"
         elif r.spec.inject:
             note = "trained through"
-        rows.append([r.spec.label, r.backend, f"{r.final_val:.4f}", f"{r.tokens_per_s:,.0f}",
+        rows.append([r.spec.label, r.backend, f"{r.final_val:.4f}", f"{r.tokens_per_s(warm):,.0f}",
                      f"{r.opt_ms(warm):.3f}", str(r.skipped), note])
     return rows
 
@@ -183,7 +183,7 @@ def write_csv(results: List[RunResult], timings: List[StepTiming], cfg: Config, 
                     "opt_ms_per_step", "skipped_steps", "nan_from_step", "machine"])
         for r in results:
             w.writerow(["run", r.spec.label, r.backend, r.spec.dtype, f"{r.final_val:.6f}",
-                        f"{r.tokens_per_s:.1f}", f"{r.opt_ms(warm):.4f}", r.skipped,
+                        f"{r.tokens_per_s(warm):.1f}", f"{r.opt_ms(warm):.4f}", r.skipped,
                         "" if r.nan_from is None else r.nan_from, machine])
         for t in timings:
             w.writerow(["step_time", t.name, "", t.dtype, "", "", f"{t.ms:.4f}", "", "", machine])

@@ -38,8 +38,8 @@ class RunResult:
     val_steps: List[int] = field(default_factory=list)
     val_loss: List[float] = field(default_factory=list)
     opt_seconds: List[float] = field(default_factory=list)
-    train_seconds: float = 0.0
-    tokens: int = 0
+    step_seconds: List[float] = field(default_factory=list)  # a whole training step each
+    tokens_per_step: int = 0
     skipped: int = 0
     nan_from: Optional[int] = None  # first step whose weights are NaN
     weights_finite: bool = True
@@ -48,9 +48,11 @@ class RunResult:
     def final_val(self) -> float:
         return self.val_loss[-1] if self.val_loss else math.nan
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.train_seconds if self.train_seconds > 0 else math.nan
+    def tokens_per_s(self, warmup: int) -> float:
+        """Training throughput after the first ``warmup`` steps (which pay for kernel
+        compilation and cold caches, once per run)."""
+        samples = self.step_seconds[warmup:] or self.step_seconds
+        return self.tokens_per_step * len(samples) / sum(samples) if sum(samples) > 0 else math.nan
 
     def opt_ms(self, warmup: int) -> float:
         samples = self.opt_seconds[warmup:] or self.opt_seconds
@@ -198,11 +200,10 @@ def train(session: Session, spec: RunSpec, progress_factory: Callable) -> RunRes
     model = session.fresh_model(spec.dtype)
     params = dict(model.named_parameters())
     opt = session.make_optimizer(spec, list(params.values()))
-    result = RunResult(spec)
+    result = RunResult(spec, tokens_per_step=cfg.batch * cfg.ctx)
     losses = torch.full((cfg.steps,), math.nan, device=session.device)
     spikes, poisoned, nan_step = set(cfg.spike_range), cfg.poison_range, cfg.nan_step
     bar = progress_factory(total=cfg.steps, desc=f"{spec.label:<38}")
-    tokens_per_step = cfg.batch * cfg.ctx
     read = 0  # train losses read back so far
 
     def record_eval(step: int) -> None:
@@ -243,8 +244,7 @@ def train(session: Session, spec: RunSpec, progress_factory: Callable) -> RunRes
         t1 = time.perf_counter()
         result.opt_seconds.append(t1 - t0)
         losses[step] = loss.detach()
-        result.train_seconds += t1 - start
-        result.tokens += tokens_per_step
+        result.step_seconds.append(t1 - start)
         bar.update(1)
         done = step + 1
         if done % cfg.eval_every == 0 or done == cfg.steps:
