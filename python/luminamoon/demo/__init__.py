@@ -14,9 +14,9 @@ and sees the same batches in the same order:
              weights turn NaN (its run ends there); LuminaMoon skips that step on the device.
 
 It prints a progress bar per run and a table (validation loss, tokens/s and optimizer time per
-step after the first ten steps, which pay for kernel compilation; skipped steps), times the optimizer step alone on this model for every LuminaMoon backend
-that runs here beside torch's AdamW, and writes to --out: loss_curves.png, step_time.png,
-results.md and results.csv.
+step after the first ten steps, which pay for kernel compilation; skipped steps), times the
+optimizer step alone on this model for every LuminaMoon backend that runs here beside torch's
+AdamW, and writes to --out: loss_curves.png, step_time.png, results.md and results.csv.
 """
 # Modules: config (Config), data (the sources), model (the GPT), runs (training and step
 # timing), report (tables, findings, plots), cli (the command).
