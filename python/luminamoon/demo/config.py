@@ -45,6 +45,12 @@ class Config:
     control_run: bool = True  # LuminaMoon bf16 rounding to nearest
 
     @property
+    def timing_warmup(self) -> int:
+        """Steps of a training run left out of its tokens/s and optimizer time (the first pay
+        for kernel compilation and cold caches)."""
+        return min(10, self.steps // 4)
+
+    @property
     def spike_range(self) -> range:
         first = int(self.spike_at * self.steps)
         return range(first, first + self.spike_steps)

@@ -65,7 +65,7 @@ def fault_response(result: RunResult, first: int, until: int) -> Tuple[float, fl
 
 
 def results_table(results: List[RunResult], cfg: Config) -> List[List[str]]:
-    warm = min(10, cfg.steps // 4)
+    warm = cfg.timing_warmup
     rows = [["run", "backend", "val loss", "tokens/s", "opt ms/step", "skipped steps", "note"]]
     for r in results:
         note = ""
@@ -176,7 +176,7 @@ def findings(results: List[RunResult], timings: List[StepTiming], cfg: Config,
 
 def write_csv(results: List[RunResult], timings: List[StepTiming], cfg: Config, path: str,
               machine: str) -> None:
-    warm = min(10, cfg.steps // 4)
+    warm = cfg.timing_warmup
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["kind", "name", "backend", "dtype", "val_loss", "tokens_per_s",

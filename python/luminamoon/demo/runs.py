@@ -16,6 +16,21 @@ from .model import make_model_class
 # --------------------------------------------------------------------------------------------
 
 
+def cpu_engine_backend():
+    """The compiled CPU engine's backend class, or None where the native module is not built:
+    the one place the demo looks for it (the step panel's rows and ``--threads`` both ask)."""
+    try:
+        from ..optimizer.backends.native import CpuBackend
+    except ImportError:
+        return None
+    return CpuBackend
+
+
+def _after_warmup(samples: List[float], warmup: int) -> List[float]:
+    """The samples after the first ``warmup`` (all of them when the run was shorter)."""
+    return samples[warmup:] or samples
+
+
 @dataclass
 class RunSpec:
     key: str
@@ -51,11 +66,12 @@ class RunResult:
     def tokens_per_s(self, warmup: int) -> float:
         """Training throughput after the first ``warmup`` steps (which pay for kernel
         compilation and cold caches, once per run)."""
-        samples = self.step_seconds[warmup:] or self.step_seconds
-        return self.tokens_per_step * len(samples) / sum(samples) if sum(samples) > 0 else math.nan
+        samples = _after_warmup(self.step_seconds, warmup)
+        seconds = sum(samples)
+        return self.tokens_per_step * len(samples) / seconds if seconds > 0 else math.nan
 
     def opt_ms(self, warmup: int) -> float:
-        samples = self.opt_seconds[warmup:] or self.opt_seconds
+        samples = _after_warmup(self.opt_seconds, warmup)
         return 1e3 * statistics.median(samples) if samples else math.nan
 
 
@@ -152,13 +168,10 @@ class Session:
         extra = (dict(clip=0.0, nonfinite="propagate", stochastic_rounding=False) if adamw_mode
                  else dict(clip=cfg.clip, stochastic_rounding=spec.stochastic_rounding))
         backend = backend or self.backend
-        if self.cpu_threads and self.device.type == "cpu" and backend in ("auto", "cpu"):
-            try:
-                from ..optimizer.backends.native import CpuBackend
-
-                backend = CpuBackend(num_threads=self.cpu_threads)
-            except ImportError:  # no compiled engine: "auto" falls back to the reference
-                pass
+        engine = cpu_engine_backend()
+        if (self.cpu_threads and self.device.type == "cpu" and backend in ("auto", "cpu")
+                and engine is not None):  # without the engine "auto" falls back to the reference
+            backend = engine(num_threads=self.cpu_threads)
         return LuminaMoon(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
                           state_dtype=getattr(torch, spec.dtype), seed=self.seed,
                           backend=backend, aot_bundle=self.aot_bundle, **extra)
@@ -374,12 +387,7 @@ def available_backends(device, aot_bundle: Optional[str]) -> List[str]:
             names.append("triton")
         if aot_bundle:
             names.append("aot")
-    elif device.type == "cpu":
-        try:
-            from ..optimizer.backends import native  # noqa: F401  (the compiled engine)
-
-            names.append("cpu")
-        except ImportError:
-            pass
+    elif device.type == "cpu" and cpu_engine_backend() is not None:
+        names.append("cpu")
     names.append("reference")
     return names
