@@ -1,6 +1,7 @@
 """The cpu backend runs its passes on the OpenMP team torch itself uses (the one its CPU kernels
-run on) when torch has loaded an OpenMP runtime, else on threads of its own
-(engine/thread_pool.h); LUMINAV_CPU_POOL=threads keeps its own. Either pool gives the same bits."""
+run on) when torch has loaded an OpenMP runtime, with an explicit thread count too, else on
+threads of its own (engine/thread_pool.h); LUMINAV_CPU_POOL=threads keeps its own. Either pool
+gives the same bits."""
 from __future__ import annotations
 
 import os
@@ -19,12 +20,15 @@ pytestmark = pytest.mark.skipif(not native_available(), reason="the native modul
 # A few steps of bf16 params and moments with stochastic rounding and the clip (both passes,
 # the direction cache, every rounding stream), then a digest of every tensor's bits.
 _RUN = textwrap.dedent("""
-    import hashlib, sys, torch
+    import hashlib, os, sys, torch
     from luminamoon import LuminaMoon
+    from luminamoon.optimizer.backends.native import CpuBackend
+    threads = int(os.environ.get("LUMINAMOON_TEST_THREADS", "0"))  # 0: the backend's default
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s).to(torch.bfloat16))
               for s in [(300, 77), (4099,), (5,), (64, 64)]]
-    opt = LuminaMoon(params, lr=1e-2, backend="cpu", seed=3, state_dtype=torch.bfloat16,
+    opt = LuminaMoon(params, lr=1e-2, backend=CpuBackend(num_threads=threads) if threads else "cpu",
+                     seed=3, state_dtype=torch.bfloat16,
                      clip=1.0, nonfinite="skip")
     for step in range(4):
         for p in params:
@@ -63,6 +67,18 @@ def test_the_passes_run_on_torchs_openmp_team_and_give_the_bits_of_its_own_threa
     assert own[2] == digest  # the same bits on either pool
     one = _run(OMP_NUM_THREADS="1")  # torch.set_num_threads(1) in effect: a team of one
     assert one[0] == kind and one[1] == "1" and one[2] == digest
+
+
+@pytest.mark.skipif(not _torch_has_openmp(), reason="this torch runs no OpenMP runtime (Linux)")
+def test_an_explicit_thread_count_runs_on_a_team_of_that_many_with_the_same_bits():
+    # (the pool's own threads competed for the cores with torch's spinning team: on 2 cores a
+    # step on two of them took longer than on one)
+    kind, _, digest = _run()
+    for n in ("1", "2", "3"):
+        got = _run(LUMINAMOON_TEST_THREADS=n)
+        assert got == [kind, n, digest]
+    own = _run(LUMINAMOON_TEST_THREADS="2", LUMINAV_CPU_POOL="threads")
+    assert own == ["threads", "2", digest]
 
 
 def test_doctor_names_the_cpu_engines_width_and_pool():

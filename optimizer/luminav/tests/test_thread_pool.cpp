@@ -61,6 +61,7 @@ struct PoolEnv {  // LUMINAV_CPU_POOL for one test
 }  // namespace
 
 TEST(ThreadPool, OwnThreadsHandOutEveryIndexOnce) {
+  PoolEnv env("threads");
   auto pool = cpu::make_thread_pool(3);
   EXPECT_EQ(pool->kind(), "threads");
   EXPECT_EQ(pool->size(), 3);
@@ -109,9 +110,35 @@ TEST(ThreadPool, KeepsItsOwnThreadsWhenAskedTo) {
     EXPECT_EQ(pool->size(), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     expect_each_index_once(*pool, 1000);
   }
-  auto explicit_count = cpu::make_thread_pool(2);  // a count of its own: the pool's threads
+  PoolEnv env("threads");
+  auto explicit_count = cpu::make_thread_pool(2);
   EXPECT_EQ(explicit_count->kind(), "threads");
   EXPECT_EQ(explicit_count->size(), 2);
+}
+
+TEST(ThreadPool, RunsAnExplicitCountOnTheTeam) {
+#if defined(__linux__)
+  void* gomp = load_libgomp();
+  if (!gomp) GTEST_SKIP() << "no libgomp.so.1 on this machine: " << dlerror();
+  // a count of its own runs on the runtime's threads too: a team of that many, whatever
+  // omp_get_max_threads() says
+  for (int n : {1, 2, 3}) {
+    auto pool = cpu::make_thread_pool(n);
+    EXPECT_EQ(pool->kind().rfind("openmp (libgomp", 0), 0u) << pool->kind();
+    EXPECT_EQ(pool->size(), n);
+    std::mutex mutex;
+    std::set<std::thread::id> ids;
+    pool->parallel_for(3000, [&](std::int64_t, std::int64_t) {
+      std::lock_guard<std::mutex> lock(mutex);
+      ids.insert(std::this_thread::get_id());
+    });
+    EXPECT_GE(ids.size(), 1u);
+    EXPECT_LE(ids.size(), static_cast<std::size_t>(n));
+    for (std::int64_t k : {1, 2, 7, 1000, 4097}) expect_each_index_once(*pool, k);
+  }
+#else
+  GTEST_SKIP() << "the pool looks for a loaded OpenMP runtime on Linux only";
+#endif
 }
 
 TEST(ThreadPool, RefusesAPoolNameItDoesNotKnow) {

@@ -110,13 +110,13 @@ PoolChoice pool_choice() {
 
 ThreadPool::ThreadPool(int num_threads) {
   const PoolChoice choice = pool_choice();
-  if (num_threads <= 0 && choice != PoolChoice::kThreads) omp_ = loaded_openmp();
-  if (num_threads <= 0 && choice == PoolChoice::kOpenMp && !omp_)
+  if (choice != PoolChoice::kThreads) omp_ = loaded_openmp();
+  if (choice == PoolChoice::kOpenMp && !omp_)
     throw Error(Status::kInvalidArgument,
                 "LUMINAV_CPU_POOL=openmp, but no OpenMP runtime with GOMP_parallel is loaded in this process (torch "
                 "loads one where its build uses OpenMP); unset it or use threads");
   if (omp_) {
-    size_ = 0;  // the team's size is read at each job
+    size_ = num_threads > 0 ? num_threads : 0;  // 0: the team's size, read at each job
     return;
   }
   if (num_threads <= 0) {
@@ -169,7 +169,7 @@ void ThreadPool::worker_loop() {
   }
 }
 
-int ThreadPool::size() const { return omp_ ? std::max(1, omp_->max_threads()) : size_; }
+int ThreadPool::size() const { return omp_ && size_ == 0 ? std::max(1, omp_->max_threads()) : size_; }
 
 std::string ThreadPool::kind() const { return omp_ ? "openmp (" + omp_->library + ")" : "threads"; }
 

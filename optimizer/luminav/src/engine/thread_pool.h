@@ -23,14 +23,16 @@ class ThreadPool;
 // (Workers sleep between jobs: spinning for the next one made a step slower where torch's own
 // OpenMP threads spin on the same cores after the backward pass.)
 //
-// With num_threads <= 0 and an OpenMP runtime already loaded in the process (torch's libgomp,
-// or another runtime with the GOMP entry points: libiomp5, libomp), the pool makes no threads of
-// its own: parallel_for runs its blocks on that runtime's team (GOMP_parallel, as many threads as
-// omp_get_max_threads(), which torch.set_num_threads sets). Its threads are the ones torch's own
-// CPU kernels use, already awake after the backward pass, so the step's passes neither wait for
-// a wake-up nor compete for the cores with threads that spin. LUMINAV_CPU_POOL=threads keeps
-// the pool's own threads, =openmp asks for the runtime's team (Error kInvalidArgument without
-// one, or for any other value). Only Linux looks for a runtime; elsewhere the pool is its own.
+// With an OpenMP runtime already loaded in the process (torch's libgomp, or another runtime with
+// the GOMP entry points: libiomp5, libomp), the pool makes no threads of its own: parallel_for
+// runs its blocks on that runtime's team (GOMP_parallel): num_threads of them, or with
+// num_threads <= 0 as many as omp_get_max_threads(), which torch.set_num_threads sets. Its
+// threads are the ones torch's own CPU kernels use, already awake after the backward pass, so
+// the step's passes neither wait for a wake-up nor compete for the cores with threads that spin
+// (the pool's own threads did, with an explicit count too: on 2 cores a step with two of them
+// took longer than with one). LUMINAV_CPU_POOL=threads keeps the pool's own threads, =openmp
+// asks for the runtime's team (Error kInvalidArgument without one, or for any other value).
+// Only Linux looks for a runtime; elsewhere the pool is its own.
 std::shared_ptr<ThreadPool> make_thread_pool(int num_threads);  // <= 0: hardware_concurrency
 int thread_pool_size(const ThreadPool& pool);
 
