@@ -86,6 +86,59 @@ def test_nonfinite_gradient_skips_the_step_and_counts_it():
     assert int(opt.state[ps[0]]["step"]) == 1
 
 
+def _mixed_groups_run(one_call: bool, monkeypatch):
+    """Three param groups that take each path of a step (clip and skip, AdamW mode that
+    propagates, bf16 with stochastic rounding and a raise check), five steps, a NaN gradient
+    in the third; every tensor's bits and the counters after each step."""
+    from luminamoon.optimizer.backends.base import Backend
+
+    calls = []
+    real_step, real_pass2 = CpuBackend.step_groups, CpuBackend.pass2
+    with monkeypatch.context() as m:
+        if one_call:
+            m.setattr(CpuBackend, "step_groups",
+                      lambda *a: calls.append("step") or real_step(*a))
+        else:
+            m.setattr(CpuBackend, "step_groups", Backend.step_groups)
+        m.setattr(CpuBackend, "pass2", lambda *a: calls.append("pass2") or real_pass2(*a))
+        gen = torch.Generator().manual_seed(11)
+        shapes = [(33, 17), (1000,), (5,), (64, 3), (129,)]
+        ps = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
+        ps[3:] = [p.detach().to(torch.bfloat16).requires_grad_() for p in ps[3:]]
+        opt = LuminaMoon([{"params": ps[:2], "clip": 1.0, "nonfinite": "skip"},
+                          {"params": ps[2:3], "clip": 0.0, "nonfinite": "propagate",
+                           "lr": torch.tensor(2e-2)},
+                          {"params": ps[3:], "state_dtype": torch.bfloat16, "clip": 2.0,
+                           "bound_mode": "rel", "bound": 0.1, "nonfinite": "skip"}],
+                         lr=3e-2, seed=5, backend="cpu")
+        seen = []
+        for step in range(5):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
+            if step == 2:
+                ps[4].grad[7] = float("nan")
+            opt.step()
+            seen.append([t.clone() for p in ps for t in (p.detach(), opt.state[p]["exp_avg"],
+                                                            opt.state[p]["exp_avg_sq"],
+                                                            opt.state[p]["step"])]
+                        + [opt.skipped_steps.clone()])
+    return seen, calls
+
+
+def test_the_one_call_step_equals_the_step_pass_by_pass_bitwise(monkeypatch):
+    ours, calls = _mixed_groups_run(True, monkeypatch)
+    assert calls == ["step"] * 5  # one call a step for the three groups, no pass from Python
+    theirs, calls = _mixed_groups_run(False, monkeypatch)
+    assert calls == ["pass2"] * 15
+    for a, b in zip(ours, theirs):
+        assert all(torch.equal(x.view(-1).view(torch.uint8) if x.is_floating_point() else x,
+                               y.view(-1).view(torch.uint8) if y.is_floating_point() else y)
+                   for x, y in zip(a, b))
+    assert int(ours[-1][-1]) == 1  # the NaN step was skipped and counted
+    # the propagating group's counter went on through the skipped step, the others' did not
+    assert [int(ours[-1][4 * k + 3]) for k in range(5)] == [4, 4, 5, 4, 4]
+
+
 def test_random_words_equal_the_reference_rng():
     seed = 0xDEADBEEF12345678
     index = torch.cat([torch.arange(0, 3000), torch.arange(2**32 - 5, 2**32 + 5),

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import collections
 import copy
+import ctypes
+import functools
 import io
+import operator
+import os
 import pickle
 import signal
 import warnings
@@ -16,6 +20,7 @@ import torch
 
 from conftest import native_available
 from luminamoon import LuminaMoon
+from luminamoon.optimizer.backends.base import Backend
 
 BACKENDS = ["reference"] + (["cpu"] if native_available() else [])
 
@@ -463,11 +468,57 @@ def test_a_keyboard_interrupt_during_the_launches_waits_for_the_step_to_be_whole
         return real(self, group, found_inf)
 
     monkeypatch.setattr(type(be), "pass2", interrupted)
+    # the step pass by pass, where the signal can arrive between two calls (the cpu backend's
+    # usual step is one C++ call: the test below)
+    monkeypatch.setattr(type(be), "step_groups", Backend.step_groups)
     # Python's own SIGINT handler, whatever this process inherited: a shell that starts a
     # command in the background has it ignore SIGINT, and raise_signal would then do nothing
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         _interrupted_step_is_whole(backend, calls)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.skipif(not native_available() or not hasattr(operator, "call")
+                    or not hasattr(signal, "SIGINT") or os.name != "posix",
+                    reason="the native module is not built, Python < 3.11, or not POSIX")
+def test_a_keyboard_interrupt_during_the_cpu_backends_one_call_step_waits_for_its_end(
+        monkeypatch):
+    from luminamoon import _luminav
+    from luminamoon.optimizer.backends import native
+
+    real = _luminav.cpu_step
+    libc = ctypes.CDLL(None)
+    calls = []
+
+    def signalled_step(*args):
+        calls.append(1)
+        if len(calls) > 1:
+            return real(*args)
+        # the signal is pending when the C++ step begins: libc's kill, then the step, two C
+        # calls with no Python code between them, where the interrupt could be raised (os.kill
+        # and signal.raise_signal raise it before they return)
+        any(map(operator.call, [functools.partial(libc.kill, os.getpid(), signal.SIGINT),
+                                functools.partial(real, *args)]))
+
+    monkeypatch.setattr(native._luminav, "cpu_step", signalled_step)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        model = _model()
+        opt = LuminaMoon([{"params": list(model[0].parameters())},
+                          {"params": list(model[2].parameters()), "lr": 2e-3}], backend="cpu")
+        model(torch.ones(2, 5)).sum().backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(KeyboardInterrupt):
+            opt.step()
+        assert len(calls) == 1  # one call for both groups
+        # every tensor took the whole step, moments and counter together
+        assert [int(opt.state[p]["step"]) for p in model.parameters()] == [1, 1, 1, 1]
+        assert all(not torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before))
+        assert all(bool(opt.state[p]["exp_avg"].ne(0).any()) for p in model.parameters())
+        opt.step()
+        assert [int(opt.state[p]["step"]) for p in model.parameters()] == [2, 2, 2, 2]
     finally:
         signal.signal(signal.SIGINT, previous)
 

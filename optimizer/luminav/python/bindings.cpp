@@ -236,6 +236,18 @@ NB_MODULE(_luminav, m) {
                    "'threads' (the engine's own) or 'openmp (<library>)': the OpenMP team of a runtime "
                    "already loaded in the process (torch's), which runs the passes");
 
+  m.def("cpu_step",
+        [](const std::vector<std::tuple<CpuGroup*, double, std::uintptr_t, std::uintptr_t>>& items,
+           std::uintptr_t skip_flag, std::uintptr_t skipped) {
+          std::vector<luminav::CpuStepItem> steps;
+          steps.reserve(items.size());
+          for (const auto& [group, lr, stats, found_inf] : items) steps.push_back({group, lr, stats, found_inf});
+          nb::gil_scoped_release release;
+          luminav::cpu_step(steps, skip_flag, skipped);
+        },
+        "items"_a, "skip_flag"_a, "skipped"_a,
+        "A whole step of CPU launch groups in one call (engine/group.h): items are (group, lr, "
+        "stats address, flag address); skipped += the skip flag, every flag cleared.");
   m.def("variant_keys", [](const GroupConfig& config) {
     const luminav::gpu::VariantKeys k = luminav::gpu::variant_keys(config);
     nb::dict d;

@@ -143,11 +143,36 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
     try:
         if amp is not None:
             _apply_grad_scaler(groups, amp, flag_for)
+        elif decision is None and _step_in_one_call(groups, backends, flags, flag_for, skipped):
+            return
         _launch_step(groups, backends, flags, skip_devices, flag_for, skipped, decision)
     except BaseException:
         for device in skip_devices:  # what the failed step raised must not skip the next one
             flags[device].zero_()
         raise
+
+
+def _step_in_one_call(groups: Sequence[LaunchGroup], backends: Sequence[Backend],
+                      flags: Dict[torch.device, torch.Tensor],
+                      flag_for: Callable[[LaunchGroup], torch.Tensor],
+                      skipped: Optional[torch.Tensor]) -> bool:
+    """The step as one backend call (``Backend.step_groups``), where one kind of backend runs
+    every group, all on one device, none staged or sharded and no lr in device memory: the same
+    passes and commits in the same order as :func:`_launch_step`, without the Python between
+    them. Returns whether it ran."""
+    backend = backends[0]
+    kind = type(backend)
+    if kind.step_groups is Backend.step_groups:
+        return False
+    device = groups[0].device
+    for group, other in zip(groups, backends):
+        lr = group.lr
+        if (type(other) is not kind or group.device != device or group.stage_in
+                or group.stage_out or group.mesh_dims
+                or (isinstance(lr, torch.Tensor) and lr.device.type != "cpu")):
+            return False
+    skip_flag = flags.get(device) if any(g.hyper.nonfinite == "skip" for g in groups) else None
+    return backend.step_groups(groups, [flag_for(g) for g in groups], skip_flag, skipped)
 
 
 def _apply_grad_scaler(groups: Sequence[LaunchGroup], amp, flag_for) -> None:

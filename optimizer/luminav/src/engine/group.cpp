@@ -125,6 +125,28 @@ void CpuGroup::set_grads(const std::vector<std::uintptr_t>& grads) {
   for (std::size_t j = 0; j < grads.size(); ++j) rows_[j].grad = reinterpret_cast<const void*>(grads[j]);
 }
 
+void cpu_step(const std::vector<CpuStepItem>& items, std::uintptr_t skip_flag, std::uintptr_t skipped) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].group) invalid("cpu_step: item " + std::to_string(i) + " has no group");
+    if (!items[i].found_inf) invalid("cpu_step: item " + std::to_string(i) + ": the flag address is 0");
+    validate_lr(items[i].lr);
+  }
+  // every flag starts clear (a scratch flag may hold an earlier step's value)
+  for (const CpuStepItem& it : items) *ptr<std::int32_t>(it.found_inf) = 0;
+  for (const CpuStepItem& it : items) {
+    if (it.group->config().needs_pass1()) it.group->pass1(it.stats, it.found_inf);
+  }
+  for (const CpuStepItem& it : items) {
+    it.group->pass2(it.lr, it.stats, it.found_inf);
+    it.group->commit(it.found_inf);
+  }
+  if (skip_flag) {
+    auto* flag = ptr<std::int32_t>(skip_flag);
+    if (skipped) *ptr<std::int64_t>(skipped) += *flag;
+  }
+  for (const CpuStepItem& it : items) *ptr<std::int32_t>(it.found_inf) = 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // AotGroup
 

@@ -5,11 +5,12 @@ A step is: ``pass1`` for every group that needs it (writes ``group.stats`` and r
 ``found_inf``); ``pass2`` for every group; ``commit`` for every group but, on each device, the
 last one that reads the skip flag, which calls ``commit_last``. ``found_inf`` is an int32 0-dim
 tensor on the group's device, zero when the step starts; every call runs under the group's
-device context, and nothing here may synchronise with the host.
+device context, and nothing here may synchronise with the host. A backend may instead run a
+whole step at once (``step_groups``), where it can do it faster than call by call.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -36,6 +37,15 @@ class Backend:
     def commit(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:  # pragma: no cover
         """Step counters += 1 - found_inf (or += 1 when the group does not check)."""
         raise NotImplementedError
+
+    def step_groups(self, groups: Sequence[LaunchGroup], flags: Sequence[torch.Tensor],
+                    skip_flag: Optional[torch.Tensor], skipped: Optional[torch.Tensor]) -> bool:
+        """The whole step of ``groups`` (every one this backend's, on one device, none staged or
+        sharded) in one call, where the backend can: pass 1 of each that needs it, pass 2 and
+        commit of each, ``skipped += skip_flag`` (when both are given), every flag in ``flags``
+        (group by group) cleared. Returns False, having done nothing, where it cannot; the
+        step then runs pass by pass. The default cannot."""
+        return False
 
     def commit_last(self, group: LaunchGroup, found_inf: torch.Tensor,
                     skipped: Optional[torch.Tensor]) -> None:

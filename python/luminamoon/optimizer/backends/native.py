@@ -142,6 +142,23 @@ class CpuBackend(Backend):
         _check_flag(found_inf, "cpu")
         native.commit(found_inf.data_ptr())
 
+    def step_groups(self, groups, flags, skip_flag, skipped) -> bool:
+        """One C++ call for the whole step (``_luminav.cpu_step``): the Python between the
+        passes of a small model's step costs as much as the passes themselves."""
+        if skipped is not None and (skipped.device.type != "cpu" or skipped.dtype != torch.int64
+                                    or skipped.numel() != 1):
+            return False
+        items = []
+        for group, flag in zip(groups, flags):
+            native = self._native(group)
+            _check_flag(flag, "cpu")
+            stats = group.cache[_CPU_CACHE].stats
+            items.append((native, _lr_value(group.lr), stats.data_ptr(), flag.data_ptr()))
+            group.stats = stats if group.hyper.needs_pass1 else None
+        _luminav.cpu_step(items, skip_flag.data_ptr() if skip_flag is not None else 0,
+                          skipped.data_ptr() if skipped is not None else 0)
+        return True
+
 
 _DATA_PTR = torch.Tensor.data_ptr
 _NUMEL = torch.Tensor.numel
