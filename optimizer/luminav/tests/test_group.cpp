@@ -1,5 +1,6 @@
 // tests/test_group.cpp: the launch groups Python's native backends drive (src/engine/group.h):
-// make_config and make_rows refusals, CpuGroup against the engine's own passes, and AotGroup on
+// make_config and make_rows refusals, CpuGroup against the engine's own passes, cpu_step against
+// CpuGroup's passes one by one, and AotGroup on
 // the fake CUDA device: bound once, each launch with the bound arguments and one context check;
 // set_lr and set_flags change only those arguments
 #include <gtest/gtest.h>
@@ -160,6 +161,65 @@ TEST(CpuGroup, RunsTheEnginesPassesOnTheRows) {
   expect_refused([&] { CpuGroup(cfg, {a.row(0)}, -2); }, Status::kInvalidArgument, "num_threads must be >= 0, got -2");
   expect_refused([&] { CpuGroup(default_config(1), {a.row(0)}, 1); }, Status::kInvalidArgument,
                  "row 0: bound_mode is not none but the p_init address is 0");
+}
+
+TEST(CpuStep, IsTheGroupsPassesInOneCallAndCountsASkip) {
+  // two groups, both with nonfinite "skip" (code 0), one flag; a third that propagates (code 2)
+  // with a scratch flag of its own
+  const GroupConfig skip = default_config();
+  const GroupConfig propagate = luminav::make_config(0, 0, 0, 0.9, 0.999, 1e-8, 0.01, 0.0, 0, 1.0, false, 2, false, 7);
+  HostTensor a(3000), b(5), c(40);
+  HostTensor ref_a(3000), ref_b(5), ref_c(40);
+  CpuGroup g1(skip, {a.row(0)}, 2), g2(skip, {b.row(1)}, 2), g3(propagate, {c.row(2)}, 2);
+  CpuGroup r1(skip, {ref_a.row(0)}, 2), r2(skip, {ref_b.row(1)}, 2), r3(propagate, {ref_c.row(2)}, 2);
+  std::vector<float> s1(1), s2(1), s3(1), t1(1), t2(1), t3(1);
+  std::int32_t flag = 0, scratch = 0, ref_flag = 0, ref_scratch = 0;
+  std::int64_t skipped = 0;
+  auto one_call = [&] {
+    luminav::cpu_step({{&g1, 1e-2, addr(s1.data()), addr(&flag)},
+                       {&g2, 2e-2, addr(s2.data()), addr(&flag)},
+                       {&g3, 1e-2, addr(s3.data()), addr(&scratch)}},
+                      addr(&flag), addr(&skipped));
+  };
+  auto by_pass = [&] {
+    r1.pass1(addr(t1.data()), addr(&ref_flag));
+    r2.pass1(addr(t2.data()), addr(&ref_flag));
+    r1.pass2(1e-2, addr(t1.data()), addr(&ref_flag));
+    r1.commit(addr(&ref_flag));
+    r2.pass2(2e-2, addr(t2.data()), addr(&ref_flag));
+    r2.commit(addr(&ref_flag));
+    r3.pass2(1e-2, addr(t3.data()), addr(&ref_scratch));
+    r3.commit(addr(&ref_scratch));
+    ref_flag = 0;
+  };
+  one_call();
+  by_pass();
+  EXPECT_EQ(a.p, ref_a.p);
+  EXPECT_EQ(b.v, ref_b.v);
+  EXPECT_EQ(c.p, ref_c.p);
+  EXPECT_EQ(s1, t1);
+  EXPECT_EQ((std::vector<std::int64_t>{a.step, b.step, c.step, skipped}), (std::vector<std::int64_t>{1, 1, 1, 0}));
+  // a NaN in the second group skips both skip groups, counted once; the third steps on
+  b.g[2] = std::nanf("");
+  const std::vector<float> pa = a.p, pb = b.p, mb = b.m;
+  one_call();
+  EXPECT_EQ(a.p, pa);
+  EXPECT_EQ(b.p, pb);
+  EXPECT_EQ(b.m, mb);
+  EXPECT_EQ((std::vector<std::int64_t>{a.step, b.step, c.step, skipped}), (std::vector<std::int64_t>{1, 1, 2, 1}));
+  EXPECT_EQ(flag, 0);
+  EXPECT_EQ(scratch, 0);
+  // a bad lr of the last group is refused before the first group changes
+  b.g[2] = 0.5f;
+  const std::vector<float> before = a.p;
+  expect_refused([&] {
+    luminav::cpu_step({{&g1, 1e-2, addr(s1.data()), addr(&flag)}, {&g2, -1.0, addr(s2.data()), addr(&flag)}},
+                      addr(&flag), addr(&skipped));
+  }, Status::kInvalidArgument, "lr must be a finite number >= 0, got -1");
+  EXPECT_EQ(a.p, before);
+  EXPECT_EQ(a.step, 1);
+  expect_refused([&] { luminav::cpu_step({{nullptr, 1e-2, 0, addr(&flag)}}, 0, 0); }, Status::kInvalidArgument,
+                 "cpu_step: item 0 has no group");
 }
 
 // ---------------------------------------------------------------------------------------------
