@@ -6,11 +6,13 @@
 // Tensor addresses (data_ptr()) and CUDA streams come in as ints; nothing here touches torch.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -237,17 +239,20 @@ NB_MODULE(_luminav, m) {
                    "already loaded in the process (torch's), which runs the passes");
 
   m.def("cpu_step",
-        [](const std::vector<std::tuple<CpuGroup*, double, std::uintptr_t, std::uintptr_t>>& items,
+        [](const std::vector<std::tuple<CpuGroup*, double, std::uintptr_t, std::uintptr_t,
+                                        std::optional<std::vector<std::uintptr_t>>>>& items,
            std::uintptr_t skip_flag, std::uintptr_t skipped) {
           std::vector<luminav::CpuStepItem> steps;
           steps.reserve(items.size());
-          for (const auto& [group, lr, stats, found_inf] : items) steps.push_back({group, lr, stats, found_inf});
+          for (const auto& [group, lr, stats, found_inf, grads] : items)
+            steps.push_back({group, lr, stats, found_inf, grads ? &*grads : nullptr});
           nb::gil_scoped_release release;
           luminav::cpu_step(steps, skip_flag, skipped);
         },
         "items"_a, "skip_flag"_a, "skipped"_a,
         "A whole step of CPU launch groups in one call (engine/group.h): items are (group, lr, "
-        "stats address, flag address); skipped += the skip flag, every flag cleared.");
+        "stats address, flag address, new gradient addresses or None); skipped += the skip "
+        "flag, every flag cleared.");
   m.def("variant_keys", [](const GroupConfig& config) {
     const luminav::gpu::VariantKeys k = luminav::gpu::variant_keys(config);
     nb::dict d;

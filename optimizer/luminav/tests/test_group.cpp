@@ -220,6 +220,18 @@ TEST(CpuStep, IsTheGroupsPassesInOneCallAndCountsASkip) {
   EXPECT_EQ(a.step, 1);
   expect_refused([&] { luminav::cpu_step({{nullptr, 1e-2, 0, addr(&flag)}}, 0, 0); }, Status::kInvalidArgument,
                  "cpu_step: item 0 has no group");
+  // new gradients go with the step; a bad list is refused before any group takes its own
+  std::vector<float> g_a(3000, -100.0f);
+  const std::vector<std::uintptr_t> new_a{addr(g_a.data())}, two{addr(g_a.data()), addr(g_a.data())};
+  expect_refused([&] {
+    luminav::cpu_step({{&g1, 1e-2, addr(s1.data()), addr(&flag), &new_a},
+                       {&g2, 1e-2, addr(s2.data()), addr(&flag), &two}},
+                      addr(&flag), addr(&skipped));
+  }, Status::kInvalidArgument, "set_grads: 2 addresses for 1 rows; give one per row");
+  EXPECT_EQ(a.p, before);
+  luminav::cpu_step({{&g1, 1e-2, addr(s1.data()), addr(&flag), &new_a}}, addr(&flag), addr(&skipped));
+  EXPECT_GT(a.p[0], before[0]);  // the new gradient turned the momentum: the step went up
+  EXPECT_EQ(a.step, 2);
 }
 
 // ---------------------------------------------------------------------------------------------

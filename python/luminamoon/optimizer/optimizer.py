@@ -100,16 +100,31 @@ def _untraced(fn):
     return found
 
 
+# Whether torch.compile is tracing (a constant True to dynamo), and the eval-frame callback that
+# makes it compile the frames it meets (None when no compiled region is running); either may be
+# missing from a torch release, and then every step takes torch.compiler.disable's wrapper.
+_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+_FRAME_CALLBACK = getattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None),
+                          "get_eval_frame_callback", None)
+_EAGER_CHECK = _IS_COMPILING is not None and _FRAME_CALLBACK is not None
+
+
 def _not_traced(fn):
-    """The public step: dispatches to ``_untraced(fn)``, made by the constructor."""
+    """The public step: dispatches to ``_untraced(fn)``, made by the constructor, or, in eager
+    code with no compiled region around it, to ``fn`` itself (the disabling wrapper would only
+    set and restore an eval-frame callback that is not there)."""
     @functools.wraps(fn)
     def step(self, closure=None):
+        if _EAGER_CHECK and not _IS_COMPILING() and _FRAME_CALLBACK() is None:
+            return fn(self, closure)
         return _UNTRACED[fn](self, closure)
 
     step.untraced_target = fn
     return step
 
 
+_GRAD_ENABLED = torch.is_grad_enabled
+_SET_GRAD_ENABLED = torch._C._set_grad_enabled
 _PROFILER_ENABLED = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
 class LuminaMoon(torch.optim.Optimizer):
     """TDCLM: two-pass, soft-clipped, decoupled-decay Adam with seeded stochastic rounding.
@@ -436,8 +451,19 @@ class LuminaMoon(torch.optim.Optimizer):
     # torch.optim.Optimizer wraps a step not marked so; this class runs the wrapper itself
     step.hooked = True
 
-    @torch.no_grad()
     def _step(self, closure=None):
+        # torch.no_grad() as two calls (its decorator costs more than the rest of a small step's
+        # host code before the plan)
+        enabled = _GRAD_ENABLED()
+        if enabled:
+            _SET_GRAD_ENABLED(False)
+        try:
+            return self._step_without_grad(closure)
+        finally:
+            if enabled:
+                _SET_GRAD_ENABLED(True)
+
+    def _step_without_grad(self, closure):
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -113,6 +113,11 @@ void CpuGroup::commit(std::uintptr_t found_inf) {
 std::int64_t CpuGroup::first_nonfinite() { return cpu::first_nonfinite(cfg_, rows_.data(), rows_.size(), *pool_); }
 
 void CpuGroup::set_grads(const std::vector<std::uintptr_t>& grads) {
+  check_grads(grads);
+  for (std::size_t j = 0; j < grads.size(); ++j) rows_[j].grad = reinterpret_cast<const void*>(grads[j]);
+}
+
+void CpuGroup::check_grads(const std::vector<std::uintptr_t>& grads) const {
   if (grads.size() != rows_.size()) {
     throw Error(Status::kInvalidArgument, "set_grads: " + std::to_string(grads.size()) + " addresses for " +
                                               std::to_string(rows_.size()) + " rows; give one per row");
@@ -122,7 +127,6 @@ void CpuGroup::set_grads(const std::vector<std::uintptr_t>& grads) {
       throw Error(Status::kInvalidArgument, "set_grads: row " + std::to_string(j) + ": the grad address is 0");
     }
   }
-  for (std::size_t j = 0; j < grads.size(); ++j) rows_[j].grad = reinterpret_cast<const void*>(grads[j]);
 }
 
 void cpu_step(const std::vector<CpuStepItem>& items, std::uintptr_t skip_flag, std::uintptr_t skipped) {
@@ -130,6 +134,10 @@ void cpu_step(const std::vector<CpuStepItem>& items, std::uintptr_t skip_flag, s
     if (!items[i].group) invalid("cpu_step: item " + std::to_string(i) + " has no group");
     if (!items[i].found_inf) invalid("cpu_step: item " + std::to_string(i) + ": the flag address is 0");
     validate_lr(items[i].lr);
+    if (items[i].grads) items[i].group->check_grads(*items[i].grads);
+  }
+  for (const CpuStepItem& it : items) {
+    if (it.grads) it.group->set_grads(*it.grads);
   }
   // every flag starts clear (a scratch flag may hold an earlier step's value)
   for (const CpuStepItem& it : items) *ptr<std::int32_t>(it.found_inf) = 0;

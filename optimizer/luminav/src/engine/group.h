@@ -58,6 +58,8 @@ class CpuGroup {
   // every row stays. Throws Error(kInvalidArgument) for another count, or an address 0 where
   // the row has elements.
   void set_grads(const std::vector<std::uintptr_t>& grads);
+  // What set_grads refuses, checked without changing anything.
+  void check_grads(const std::vector<std::uintptr_t>& grads) const;
 
   const GroupConfig& config() const { return cfg_; }
   std::size_t size() const { return rows_.size(); }
@@ -72,22 +74,25 @@ class CpuGroup {
   cpu::DirectionCache cache_;  // pass 1's u for pass 2 (cpu_kernels.h)
 };
 
-// One group's part in cpu_step: its lr, its float32 stats (one per row) and the int32 flag its
-// passes read and raise (the step's skip flag for nonfinite "skip", else a scratch flag).
+// One group's part in cpu_step: its lr, its float32 stats (one per row), the int32 flag its
+// passes read and raise (the step's skip flag for nonfinite "skip", else a scratch flag), and
+// new gradient addresses for set_grads (null: the rows keep theirs).
 struct CpuStepItem {
   CpuGroup* group;
   double lr;
   std::uintptr_t stats;
   std::uintptr_t found_inf;
+  const std::vector<std::uintptr_t>* grads = nullptr;
 };
 
 // A whole step of CPU launch groups in one call: what Python's run_launch_groups does for them
-// pass by pass (docs/internals.md, "One step"). Every lr is checked before anything is read;
+// pass by pass (docs/internals.md, "One step"). Every lr and gradient list is checked before
+// anything is read (the gradient addresses are taken once all are);
 // then pass 1 of each group that needs it, pass 2 and the commit of each, and, where
 // `skip_flag` is not 0, *skipped += *skip_flag (when `skipped` is not 0, an int64 counter) and
 // *skip_flag = 0; the other flags are cleared too. A skipped step (the skip flag raised by some
 // pass 1) changes no row of a group that checks the flag. Throws Error(kInvalidArgument) for a
-// null group or an lr validate_lr refuses, before any pass runs.
+// null group, an lr validate_lr refuses or gradients set_grads refuses, before any pass runs.
 void cpu_step(const std::vector<CpuStepItem>& items, std::uintptr_t skip_flag, std::uintptr_t skipped);
 
 // A launch group of the "aot" backend: its kernels loaded from a bundle on one CUDA device and

@@ -90,6 +90,17 @@ class CpuBackend(Backend):
         """The group's C++ CpuGroup, built once per launch group (params, states and counters
         keep their storage for its life: the optimizer makes a new group when one moves) and
         told new gradient addresses once a step, when they changed."""
+        st, grad_ptrs = self._state(group)
+        if grad_ptrs is not None:
+            st.native.set_grads(list(grad_ptrs))
+            st.grad_ptrs = grad_ptrs
+        return st.native
+
+    def _state(self, group: LaunchGroup):
+        """The group's _CpuState, and the gradient addresses (a tuple) its native group must be
+        told before its next pass, None where it has them; the caller records them in the
+        state's grad_ptrs once told."""
+        new_grads = None
         st = group.cache.get(_CPU_CACHE)
         if st is None or not st.matches(group):
             if not self.supports(group):
@@ -114,10 +125,9 @@ class CpuBackend(Backend):
                         or set(map(_DTYPE, group.grads)) != {group.grad_dtype}
                         or not all(map(_IS_CONTIGUOUS, group.grads))):
                     check_group_tensors(group, "cpu")  # raises, naming the gradient
-                st.native.set_grads(list(grad_ptrs))
-                st.grad_ptrs = grad_ptrs
+                new_grads = grad_ptrs
         st.seen = group.grads
-        return st.native
+        return st, new_grads
 
     def pass1(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
         native = self._native(group)
@@ -145,18 +155,23 @@ class CpuBackend(Backend):
     def step_groups(self, groups, flags, skip_flag, skipped) -> bool:
         """One C++ call for the whole step (``_luminav.cpu_step``): the Python between the
         passes of a small model's step costs as much as the passes themselves."""
-        if skipped is not None and (skipped.device.type != "cpu" or skipped.dtype != torch.int64
+        if skipped is not None and (not skipped.is_cpu or skipped.dtype != torch.int64
                                     or skipped.numel() != 1):
             return False
-        items = []
+        items, told = [], []
         for group, flag in zip(groups, flags):
-            native = self._native(group)
+            st, grad_ptrs = self._state(group)
             _check_flag(flag, "cpu")
-            stats = group.cache[_CPU_CACHE].stats
-            items.append((native, _lr_value(group.lr), stats.data_ptr(), flag.data_ptr()))
+            stats = st.stats
+            items.append((st.native, _lr_value(group.lr), stats.data_ptr(), flag.data_ptr(),
+                          None if grad_ptrs is None else list(grad_ptrs)))
+            told.append((st, grad_ptrs))
             group.stats = stats if group.hyper.needs_pass1 else None
         _luminav.cpu_step(items, skip_flag.data_ptr() if skip_flag is not None else 0,
                           skipped.data_ptr() if skipped is not None else 0)
+        for st, grad_ptrs in told:
+            if grad_ptrs is not None:
+                st.grad_ptrs = grad_ptrs
         return True
 
 
