@@ -144,6 +144,11 @@ def _breakdown(opt, plan, steps: int) -> Dict[str, float]:
     }
     if layouts is not None:
         parts["layouts"] = lambda: [lay.holds(o) for lay, o in zip(layouts, owners_of)]
+    records = getattr(plan, "last_grad_ptrs", None)
+    if records is not None:  # trees whose check compares the addresses in one call
+        parts["ptrs"] = lambda: [rec.equal(o) for rec, o in zip(plan.owner_ptrs, owners_of)]
+        if all(r is not None for r in records):
+            parts["grad_ptrs"] = lambda: [rec.equal(g) for rec, g in zip(records, grads_of)]
     out = {}
     if layouts is not None:  # 1: torch's TensorGuards, 0: the tuples compared in Python
         out["guard_is_torch"] = float(all(lay.guards is not None for lay in layouts))

@@ -14,13 +14,31 @@ from luminamoon.optimizer import _plan as opt_module
 BACKENDS = ["reference"] + (["cpu"] if native_available() else [])
 
 
-@pytest.fixture(params=["guards", "python"])
+_TORCH_PTRS_EQUAL = opt_module._PTRS_EQUAL  # torch's C++ pointer comparison (CUDA builds)
+
+
+def _ptrs_equal_in_python(tensors, ptrs, indices):
+    """The contract of torch._C._tensors_data_ptrs_at_indices_equal, for torch builds without
+    it (CPU-only builds): the plan's use of the comparison is tested on every machine, torch's
+    own where it exists."""
+    return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
+
+
+@pytest.fixture(params=["guards", "python", "guards+ptrs"])
 def check(request, monkeypatch):
-    """Runs a test with the TensorGuards check and again with the Python tuples."""
+    """Runs a test with the TensorGuards check, with the Python tuples, and with TensorGuards
+    plus the addresses compared in one call (torch's C++ comparison where this torch has it,
+    else the same contract in Python)."""
     if request.param == "python":
         monkeypatch.setattr(opt_module, "_TensorGuards", None)
-    elif not opt_module._guards_work():
+        monkeypatch.setattr(opt_module, "_PTRS_EQUAL", None)
+        return request.param
+    if not opt_module._guards_work():
         pytest.skip("this torch's TensorGuards does not pass the probe (the tuples are used)")
+    if request.param == "guards":
+        monkeypatch.setattr(opt_module, "_PTRS_EQUAL", None)
+    else:
+        monkeypatch.setattr(opt_module, "_PTRS_EQUAL", _TORCH_PTRS_EQUAL or _ptrs_equal_in_python)
     return request.param
 
 
@@ -46,7 +64,7 @@ def test_an_unchanged_step_keeps_its_plan(backend, check):
     opt.step()
     plan = opt._plan
     layouts = plan.owner_layouts
-    assert all((g.guards is not None) == (check == "guards") for g in layouts)
+    assert all((g.guards is not None) == (check != "python") for g in layouts)
     for _ in range(2):
         opt.step()
         assert opt._plan is plan
@@ -178,3 +196,38 @@ def test_vouched_gradients_are_not_checked_again_by_the_backend(check, monkeypat
     assert calls == []
     for p, q in zip(params, twins):
         torch.testing.assert_close(p, q)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_that_did_not_move_keep_the_last_steps_addresses(backend, check):
+    """The same gradient tensors step after step (zero_grad(set_to_none=False)): with the
+    one-call comparison the step takes the addresses it read before; a gradient that moved
+    (a new tensor) or whose memory was swapped under the same tensor object is read again,
+    and every step's result is the reference's."""
+    torch.manual_seed(3)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (5, 300, 17)]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt = LuminaMoon(params, backend=backend, seed=4, lr=1e-2)
+    ref = LuminaMoon(twins, backend="reference", seed=4, lr=1e-2)
+    for p, q in zip(params, twins):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    taken = []
+    for step in range(6):
+        if step == 2:  # one gradient moves to a new tensor
+            g = torch.randn_like(params[1])
+            params[1].grad, twins[1].grad = g, g.clone()
+        if step == 4:  # one gradient's memory swapped under the same tensor object
+            g = torch.randn_like(params[2])
+            params[2].grad.data, twins[2].grad = g, g.clone()
+        opt.step()
+        ref.step()
+        taken.append(opt._plan.last_grad_ptrs[0])
+        for p, q in zip(params, twins):
+            assert torch.allclose(p, q, rtol=1e-6, atol=1e-7)
+    if check == "guards+ptrs":
+        assert taken[1] is not None and taken[2] is not taken[1] and taken[4] is not taken[3]
+        assert taken[3] is taken[2] and taken[5] is taken[4]  # unchanged steps: no new record
+        assert taken[5].ptrs == tuple(p.grad.data_ptr() for p in params)
+    else:  # without the one-call comparison nothing is recorded: every address is read
+        assert all(t is None for t in taken)

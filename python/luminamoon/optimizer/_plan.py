@@ -31,6 +31,30 @@ except ImportError:  # pragma: no cover - depends on the torch build
     _TensorGuards = None
 _GUARDS_WORK: Optional[bool] = None  # whether _TensorGuards passed _guards_work's probe
 
+# torch's C++ comparison of tensors' data pointers with recorded ones, in one call (CUDA graph
+# trees' check of their static inputs; CUDA builds of torch have it): a pointer read in C++
+# instead of one Python call per tensor. None where this torch lacks it.
+_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
+class _Pointers:
+    """The data pointers a step expects of a list of tensors, as the tuple the backends take
+    and as what ``_PTRS_EQUAL`` compares against (a list, with the list of indices)."""
+
+    __slots__ = ("ptrs", "as_list", "indices")
+
+    def __init__(self, ptrs: tuple, indices: Optional[list] = None):
+        self.ptrs = ptrs
+        self.as_list = list(ptrs)
+        self.indices = indices if indices is not None else list(range(len(ptrs)))
+
+    def equal(self, tensors: List[torch.Tensor]) -> bool:
+        """Whether every tensor of ``tensors`` (a list as long as ``ptrs``) starts at its
+        recorded address; raises what a non-tensor raises (None has no data pointer)."""
+        if _PTRS_EQUAL is not None:
+            return _PTRS_EQUAL(tensors, self.as_list, self.indices)
+        return tuple(map(_DATA_PTR, tensors)) == self.ptrs
+
 
 def _new_guards(tensors: List[torch.Tensor]):
     """torch's TensorGuards over ``tensors`` as they are now (every size and stride static)."""
@@ -110,12 +134,16 @@ class _Plan:
         self.without_grad = without_grad  # parameters that had no gradient
         self.sharded = sharded  # any DTensor parameter: grads are read through their local shard
         self.owner_ptrs, self.owner_layouts, self.grad_layouts = [], [], []
+        # per launch group: the gradients' addresses the last step took (None: none yet, or
+        # a group that stages its gradients), so that a step whose gradients did not move
+        # compares them in one call instead of reading each
+        self.last_grad_ptrs: List[Optional[_Pointers]] = [None] * len(groups)
         for g, owners in zip(groups, grad_sources):
             # the addresses the backends read (param_ptrs: flat views or staging buffers where
             # a layout needs them), and the owners' own, checked every step
             g.param_ptrs = tuple(map(_DATA_PTR, g.params))
             local = [local_tensor(p) for p in owners] if sharded else owners
-            self.owner_ptrs.append(tuple(map(_DATA_PTR, local)))
+            self.owner_ptrs.append(_Pointers(tuple(map(_DATA_PTR, local))))
             self.owner_layouts.append(_LayoutGuard(local))
             # the gradients' dtype and layout the launch modes were chosen for: a step whose
             # gradient has another (a transposed copy, another dtype) rebuilds the plan, which
@@ -129,6 +157,20 @@ class _Plan:
         for g in self.groups:
             g.grads, g.grad_ptrs = [], None
 
+
+
+def _grad_pointers(plan: _Plan, i: int, grads: List[torch.Tensor]) -> tuple:
+    """The addresses of launch group ``i``'s gradients (of the same dtype and layout as the
+    plan's: checked before): the last step's tuple where they did not move (one C++ call),
+    else read one by one (and remembered where that call exists)."""
+    if _PTRS_EQUAL is None:
+        return tuple(map(_DATA_PTR, grads))
+    last = plan.last_grad_ptrs[i]
+    if last is not None and last.equal(grads):
+        return last.ptrs
+    ptrs = tuple(map(_DATA_PTR, grads))
+    plan.last_grad_ptrs[i] = _Pointers(ptrs, last.indices if last is not None else None)
+    return ptrs
 
 
 def _plan_key(group: Dict[str, Any]) -> Optional[tuple]:
@@ -167,7 +209,7 @@ def take_grads(plan: _Plan, groups: List[Dict[str, Any]]) -> bool:
             local = [local_tensor(p) for p in owners] if plan.sharded else owners
             if plan.sharded:
                 grads = [local_tensor(g) for g in grads]
-            if (tuple(map(_DATA_PTR, local)) != plan.owner_ptrs[i]
+            if (not plan.owner_ptrs[i].equal(local)
                     or not plan.owner_layouts[i].holds(local)
                     or not plan.grad_layouts[i].holds(grads)):
                 return False
@@ -175,7 +217,9 @@ def take_grads(plan: _Plan, groups: List[Dict[str, Any]]) -> bool:
                 grads = launch_grads(launch, grads, owners)
                 if grads is None:
                     return False
-            grad_ptrs = tuple(map(_DATA_PTR, grads))
+                grad_ptrs = tuple(map(_DATA_PTR, grads))
+            else:
+                grad_ptrs = _grad_pointers(plan, i, grads)
         except (AttributeError, RuntimeError, TypeError, ValueError):
             return False
         taken.append((grads, grad_ptrs))

@@ -152,7 +152,7 @@ class TritonBackend(Backend):
                 except (TypeError, AttributeError):
                     _check_grads_by_name(group)  # raises, naming the one that is no tensor
                     raise
-            if grad_ptrs != st.grad_ptrs:
+            if grad_ptrs is not st.grad_ptrs and grad_ptrs != st.grad_ptrs:
                 _refresh_grads(st, group, grad_ptrs)
             st.grads_seen = group.grads
         # a new flag, or (once a step) the same flag moved to other storage
