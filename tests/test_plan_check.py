@@ -231,3 +231,36 @@ def test_gradients_that_did_not_move_keep_the_last_steps_addresses(backend, chec
         assert taken[5].ptrs == tuple(p.grad.data_ptr() for p in params)
     else:  # without the one-call comparison nothing is recorded: every address is read
         assert all(t is None for t in taken)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_triton_backends_plan_check_on_cuda_sees_moves_and_swaps():
+    """On CUDA (the triton backend, torch's C++ pointer comparison where this torch has it):
+    gradients kept, a gradient moved to a new tensor, a gradient's memory swapped under the
+    same object and a parameter's p.data swapped for another tensor of its layout; each step
+    equals the reference backend's on CPU copies."""
+    pytest.importorskip("triton")
+    torch.manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for n in (5, 3000, 17)]
+    twins = [torch.nn.Parameter(p.detach().cpu()) for p in params]
+    opt = LuminaMoon(params, backend="triton", seed=4, lr=1e-2, clip=1.0)
+    ref = LuminaMoon(twins, backend="reference", seed=4, lr=1e-2, clip=1.0)
+    for p, q in zip(params, twins):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.cpu()
+    for step in range(6):
+        if step == 2:
+            g = torch.randn_like(params[1])
+            params[1].grad, twins[1].grad = g, g.cpu()
+        if step == 3:
+            g = torch.randn_like(params[2])
+            params[2].grad.data, twins[2].grad = g, g.cpu()
+        if step == 4:  # p.data swapped for another tensor of the same layout
+            fresh = params[0].detach().clone()
+            params[0].data = fresh
+        opt.step()
+        ref.step()
+        for p, q in zip(params, twins):
+            assert torch.allclose(p.cpu(), q, rtol=1e-5, atol=1e-6), f"step {step}"
+    assert opt._plan.owner_ptrs[0].ptrs[0] == params[0].data_ptr()
