@@ -15,22 +15,19 @@ namespace cpu = luminav::cpu;
 namespace {
 
 std::vector<cpu::CpuIsa> runnable_isas() {
-  std::vector<cpu::CpuIsa> isas{cpu::CpuIsa::kBaseline};
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2")) isas.push_back(cpu::CpuIsa::kAvx2);
-  if (__builtin_cpu_supports("avx512f")) isas.push_back(cpu::CpuIsa::kAvx512);
-#endif
+  // every width up to the widest the engine finds on this CPU
+  std::vector<cpu::CpuIsa> isas;
+  for (int i = 0; i <= static_cast<int>(cpu::cpu_isa()); ++i) isas.push_back(static_cast<cpu::CpuIsa>(i));
   return isas;
 }
 
-constexpr std::uint32_t kSentinel = 0xDEADBEEFu;
+constexpr std::uint16_t kSentinel = 0xBEEFu;
 
 // Words of one run from both forms; the vector form must not write past the run.
 void expect_same_words(cpu::CpuIsa isa, std::uint64_t key, std::int64_t first, std::int64_t count,
                        std::uint32_t stream) {
-  std::vector<std::uint32_t> want(static_cast<std::size_t>(count) + 1, kSentinel);
-  std::vector<std::uint32_t> got(static_cast<std::size_t>(count) + 1 + 16, kSentinel);
+  std::vector<std::uint16_t> want(static_cast<std::size_t>(count) + 1, kSentinel);
+  std::vector<std::uint16_t> got(static_cast<std::size_t>(count) + 1 + 16, kSentinel);
   cpu::random_words_scalar(key, first, count, stream, want.data());
   cpu::random_words_fn(isa)(key, first, count, stream, got.data());
   const std::string where = cpu::cpu_isa_name(isa) + " key " + std::to_string(key) + " first " +
@@ -38,7 +35,6 @@ void expect_same_words(cpu::CpuIsa isa, std::uint64_t key, std::int64_t first, s
                             std::to_string(stream);
   for (std::int64_t i = 0; i < count; ++i) {
     ASSERT_EQ(got[static_cast<std::size_t>(i)], want[static_cast<std::size_t>(i)]) << where << " index " << i;
-    ASSERT_LT(got[static_cast<std::size_t>(i)], 1u << 16) << where << " index " << i;
   }
   for (std::size_t i = static_cast<std::size_t>(count); i < got.size(); ++i)
     ASSERT_EQ(got[i], kSentinel) << where << ": wrote past the run at " << i;
@@ -86,8 +82,12 @@ TEST(CpuPhilox, EveryFormMatchesTheScalarFormOnRandomRuns) {
 }
 
 TEST(CpuPhilox, TheScalarFormIsTheEnginesRandomWords) {
-  std::vector<std::uint32_t> a(777), b(777);
+  std::vector<std::uint32_t> a(777);
+  std::vector<std::uint16_t> b(777);
   cpu::random_words(0x0123456789ABCDEFull, 13, 777, 2, a.data());
   cpu::random_words_scalar(0x0123456789ABCDEFull, 13, 777, 2, b.data());
-  EXPECT_EQ(a, b);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_LT(a[i], 1u << 16) << "index " << i;
+    ASSERT_EQ(a[i], b[i]) << "index " << i;
+  }
 }

@@ -15,6 +15,10 @@
 #define LV_TILE_INLINE inline
 #endif
 
+// The instruction sets of the engine's AVX-512 forms (x86-64-v4's: F, BW, VL, DQ, CD): what
+// cpu_kernels.cpp checks before it picks them.
+#define LV_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512cd"
+
 namespace luminav {
 namespace cpu {
 namespace numerics {
@@ -51,8 +55,10 @@ LV_TILE_INLINE void philox_rounds(std::uint32_t& c0, std::uint32_t& c1, std::uin
     k1 += kPhiloxKeyB;
   }
 }
+// Out: std::uint32_t (random_words) or std::uint16_t (the engine's tiles: cpu_philox.h).
+template <class Out>
 LV_TILE_INLINE void random_words_impl(std::uint64_t key, std::int64_t first, std::int64_t count,
-                                      std::uint32_t stream, std::uint32_t* out) noexcept {
+                                      std::uint32_t stream, Out* out) noexcept {
   // Rounding stream format 2 (docs/tdclm.md): index i takes half h = i & 1 of word
   // w = (i >> 1) & 3 of Philox(counter = (lo32(j), hi32(j), stream, 0)), j = i >> 3. One Philox
   // call per group of eight: a partial group at either end, then whole groups in a loop the
@@ -80,33 +86,33 @@ LV_TILE_INLINE void random_words_impl(std::uint64_t key, std::int64_t first, std
     std::uint32_t w[4];
     group(static_cast<std::uint64_t>(i) >> 3, w);
     const std::int64_t stop = std::min<std::int64_t>(end, (i | 7) + 1);
-    for (; i < stop; ++i) out[i - first] = half(w, i);
+    for (; i < stop; ++i) out[i - first] = static_cast<Out>(half(w, i));
   }
   // whole groups
   const std::int64_t groups = (end - i) >> 3;
-  std::uint32_t* dst = out + (i - first);
+  Out* dst = out + (i - first);
   const std::uint64_t j0 = static_cast<std::uint64_t>(i) >> 3;
   for (std::int64_t g = 0; g < groups; ++g) {
     const std::uint64_t j = j0 + static_cast<std::uint64_t>(g);
     std::uint32_t c0 = static_cast<std::uint32_t>(j), c1 = static_cast<std::uint32_t>(j >> 32);
     std::uint32_t c2 = stream, c3 = 0;
     philox_rounds(c0, c1, c2, c3, key0, key1);
-    std::uint32_t* o = dst + 8 * g;
-    o[0] = c0 & 0xFFFFu;
-    o[1] = c0 >> 16;
-    o[2] = c1 & 0xFFFFu;
-    o[3] = c1 >> 16;
-    o[4] = c2 & 0xFFFFu;
-    o[5] = c2 >> 16;
-    o[6] = c3 & 0xFFFFu;
-    o[7] = c3 >> 16;
+    Out* o = dst + 8 * g;
+    o[0] = static_cast<Out>(c0 & 0xFFFFu);
+    o[1] = static_cast<Out>(c0 >> 16);
+    o[2] = static_cast<Out>(c1 & 0xFFFFu);
+    o[3] = static_cast<Out>(c1 >> 16);
+    o[4] = static_cast<Out>(c2 & 0xFFFFu);
+    o[5] = static_cast<Out>(c2 >> 16);
+    o[6] = static_cast<Out>(c3 & 0xFFFFu);
+    o[7] = static_cast<Out>(c3 >> 16);
   }
   i += groups * 8;
   // a partial group at the end
   if (i < end) {
     std::uint32_t w[4];
     group(static_cast<std::uint64_t>(i) >> 3, w);
-    for (; i < end; ++i) out[i - first] = half(w, i);
+    for (; i < end; ++i) out[i - first] = static_cast<Out>(half(w, i));
   }
 }
 // The bf16 roundings as the float32 bit pattern they give (the bf16 in the high half, the low half

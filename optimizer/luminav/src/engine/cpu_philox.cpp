@@ -7,8 +7,9 @@
 // lives in the lane's low 32 bits, so a round's two 32x32->64 products are one unsigned
 // even-lane multiply each (pmuludq / vpmuludq) and the carry of j across 2^32 is a 64-bit add.
 // The lanes' high halves carry garbage that nothing reads (the multiplies ignore it, the output
-// masks it). The words are then spread to the element order (16 bits each, zero-extended) with
-// unpacks and lane shuffles. Only integer operations: the bits are the scalar form's by
+// masks it). A group's four words stored in order are its eight 16-bit words in element order
+// (little-endian), so the output is the lanes transposed to groups (unpacks and lane permutes),
+// stored as 16-bit words. Only integer operations: the bits are the scalar form's by
 // construction, and test_cpu_philox.cpp checks them against it.
 //
 // A run [first, first + count) is cut into vectors of groups: the vector holding an unaligned
@@ -47,7 +48,7 @@ namespace cpu {
 using namespace numerics;
 
 void random_words_scalar(std::uint64_t key, std::int64_t first, std::int64_t count,
-                         std::uint32_t stream, std::uint32_t* out) noexcept {
+                         std::uint32_t stream, std::uint16_t* out) noexcept {
   random_words_impl(key, first, count, stream, out);
 }
 
@@ -73,22 +74,22 @@ Keys round_keys(std::uint64_t key) noexcept {
 
 // Writes the words of `nv` vectors of groups starting at group j (8 GV nv elements) to out.
 using VectorsFn = void (*)(const Keys&, std::uint64_t j, std::uint32_t stream, std::int64_t nv,
-                           std::uint32_t* out);
+                           std::uint16_t* out);
 
 // The run [first, first + count) in vectors of GV groups (see the file comment).
 template <int GV>
 void words_by_vectors(VectorsFn run, std::uint64_t key, std::int64_t first, std::int64_t count,
-                      std::uint32_t stream, std::uint32_t* out) noexcept {
+                      std::uint32_t stream, std::uint16_t* out) noexcept {
   if (count <= 0) return;
   constexpr std::int64_t kSpan = 8 * GV;  // elements per vector of groups
   const Keys keys = round_keys(key);
   const std::int64_t end = first + count;
   std::int64_t e0 = first & ~std::int64_t{7};  // first element of the first group
-  alignas(64) std::uint32_t buf[kSpan];
+  alignas(64) std::uint16_t buf[kSpan];
   if (e0 < first || e0 + kSpan > end) {  // an unaligned start, or a run shorter than a vector
     run(keys, static_cast<std::uint64_t>(e0) >> 3, stream, 1, buf);
     const std::int64_t stop = std::min(e0 + kSpan, end);
-    std::memcpy(out, buf + (first - e0), sizeof(std::uint32_t) * static_cast<std::size_t>(stop - first));
+    std::memcpy(out, buf + (first - e0), sizeof(std::uint16_t) * static_cast<std::size_t>(stop - first));
     e0 += kSpan;
   }
   if (e0 >= end) return;
@@ -99,7 +100,7 @@ void words_by_vectors(VectorsFn run, std::uint64_t key, std::int64_t first, std:
   }
   if (e0 < end) {
     run(keys, static_cast<std::uint64_t>(e0) >> 3, stream, 1, buf);
-    std::memcpy(out + (e0 - first), buf, sizeof(std::uint32_t) * static_cast<std::size_t>(end - e0));
+    std::memcpy(out + (e0 - first), buf, sizeof(std::uint16_t) * static_cast<std::size_t>(end - e0));
   }
 }
 
@@ -107,14 +108,8 @@ void words_by_vectors(VectorsFn run, std::uint64_t key, std::int64_t first, std:
 
 #define LV_SSE2_INLINE inline __attribute__((always_inline))
 
-// Word w's two halves as two zero-extended 32-bit values, in the lane's 64 bits.
-LV_SSE2_INLINE __m128i halves_sse2(__m128i w) {
-  const __m128i lo = _mm_set1_epi64x(0xFFFF), hi = _mm_set1_epi64x(0xFFFF0000);
-  return _mm_or_si128(_mm_and_si128(w, lo), _mm_slli_epi64(_mm_and_si128(w, hi), 16));
-}
-
 template <int NV>
-LV_SSE2_INLINE void groups_sse2(const Keys& k, std::uint64_t j, std::uint32_t stream, std::uint32_t* out) {
+LV_SSE2_INLINE void groups_sse2(const Keys& k, std::uint64_t j, std::uint32_t stream, std::uint16_t* out) {
   const __m128i ma = _mm_set1_epi64x(kPhiloxRoundA), mb = _mm_set1_epi64x(kPhiloxRoundB);
   __m128i c0[NV], c1[NV], c2[NV], c3[NV];
   LV_UNROLL(4)
@@ -139,23 +134,22 @@ LV_SSE2_INLINE void groups_sse2(const Keys& k, std::uint64_t j, std::uint32_t st
   }
   LV_UNROLL(4)
   for (int v = 0; v < NV; ++v) {
-    const __m128i p0 = halves_sse2(c0[v]), p1 = halves_sse2(c1[v]);
-    const __m128i p2 = halves_sse2(c2[v]), p3 = halves_sse2(c3[v]);
+    // lane l's low words (c0, c1, c2, c3) side by side: group 2v + l's eight words in order
+    const __m128i lo01 = _mm_unpacklo_epi32(c0[v], c1[v]), hi01 = _mm_unpackhi_epi32(c0[v], c1[v]);
+    const __m128i lo23 = _mm_unpacklo_epi32(c2[v], c3[v]), hi23 = _mm_unpackhi_epi32(c2[v], c3[v]);
     __m128i* o = reinterpret_cast<__m128i*>(out + 16 * v);
-    _mm_storeu_si128(o + 0, _mm_unpacklo_epi64(p0, p1));  // group 2v: words 0, 1
-    _mm_storeu_si128(o + 1, _mm_unpacklo_epi64(p2, p3));  // group 2v: words 2, 3
-    _mm_storeu_si128(o + 2, _mm_unpackhi_epi64(p0, p1));  // group 2v + 1
-    _mm_storeu_si128(o + 3, _mm_unpackhi_epi64(p2, p3));
+    _mm_storeu_si128(o + 0, _mm_unpacklo_epi64(lo01, lo23));  // group 2v
+    _mm_storeu_si128(o + 1, _mm_unpacklo_epi64(hi01, hi23));  // group 2v + 1
   }
 }
 
-void vectors_sse2(const Keys& k, std::uint64_t j, std::uint32_t stream, std::int64_t nv, std::uint32_t* out) {
+void vectors_sse2(const Keys& k, std::uint64_t j, std::uint32_t stream, std::int64_t nv, std::uint16_t* out) {
   for (; nv >= 4; nv -= 4, j += 8, out += 64) groups_sse2<4>(k, j, stream, out);
   for (; nv > 0; --nv, j += 2, out += 16) groups_sse2<1>(k, j, stream, out);
 }
 
 void random_words_sse2(std::uint64_t key, std::int64_t first, std::int64_t count, std::uint32_t stream,
-                       std::uint32_t* out) noexcept {
+                       std::uint16_t* out) noexcept {
   words_by_vectors<2>(vectors_sse2, key, first, count, stream, out);
 }
 
@@ -163,13 +157,8 @@ void random_words_sse2(std::uint64_t key, std::int64_t first, std::int64_t count
 
 #define LV_AVX2_INLINE inline __attribute__((always_inline, target("avx2")))
 
-LV_AVX2_INLINE __m256i halves_avx2(__m256i w) {
-  const __m256i lo = _mm256_set1_epi64x(0xFFFF), hi = _mm256_set1_epi64x(0xFFFF0000);
-  return _mm256_or_si256(_mm256_and_si256(w, lo), _mm256_slli_epi64(_mm256_and_si256(w, hi), 16));
-}
-
 template <int NV>
-LV_AVX2_INLINE void groups_avx2(const Keys& k, std::uint64_t j, std::uint32_t stream, std::uint32_t* out) {
+LV_AVX2_INLINE void groups_avx2(const Keys& k, std::uint64_t j, std::uint32_t stream, std::uint16_t* out) {
   const __m256i ma = _mm256_set1_epi64x(kPhiloxRoundA), mb = _mm256_set1_epi64x(kPhiloxRoundB);
   const __m256i iota = _mm256_set_epi64x(3, 2, 1, 0);
   __m256i c0[NV], c1[NV], c2[NV], c3[NV];
@@ -195,27 +184,24 @@ LV_AVX2_INLINE void groups_avx2(const Keys& k, std::uint64_t j, std::uint32_t st
   }
   LV_UNROLL(4)
   for (int v = 0; v < NV; ++v) {
-    const __m256i p0 = halves_avx2(c0[v]), p1 = halves_avx2(c1[v]);
-    const __m256i p2 = halves_avx2(c2[v]), p3 = halves_avx2(c3[v]);
-    // 128-bit lane l of a (c): words 0, 1 (2, 3) of group 2l; of b (d): of group 2l + 1
-    const __m256i a = _mm256_unpacklo_epi64(p0, p1), b = _mm256_unpackhi_epi64(p0, p1);
-    const __m256i c = _mm256_unpacklo_epi64(p2, p3), d = _mm256_unpackhi_epi64(p2, p3);
+    // per 128-bit lane l: a = group 2l's words in order, b = group 2l + 1's
+    const __m256i lo01 = _mm256_unpacklo_epi32(c0[v], c1[v]), hi01 = _mm256_unpackhi_epi32(c0[v], c1[v]);
+    const __m256i lo23 = _mm256_unpacklo_epi32(c2[v], c3[v]), hi23 = _mm256_unpackhi_epi32(c2[v], c3[v]);
+    const __m256i a = _mm256_unpacklo_epi64(lo01, lo23), b = _mm256_unpacklo_epi64(hi01, hi23);
     __m256i* o = reinterpret_cast<__m256i*>(out + 32 * v);
-    _mm256_storeu_si256(o + 0, _mm256_permute2x128_si256(a, c, 0x20));  // group 4v
-    _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(b, d, 0x20));
-    _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(a, c, 0x31));
-    _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(b, d, 0x31));  // group 4v + 3
+    _mm256_storeu_si256(o + 0, _mm256_permute2x128_si256(a, b, 0x20));  // groups 4v, 4v + 1
+    _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(a, b, 0x31));  // groups 4v + 2, 4v + 3
   }
 }
 
 __attribute__((target("avx2"))) void vectors_avx2(const Keys& k, std::uint64_t j, std::uint32_t stream,
-                                                  std::int64_t nv, std::uint32_t* out) {
+                                                  std::int64_t nv, std::uint16_t* out) {
   for (; nv >= 2; nv -= 2, j += 8, out += 64) groups_avx2<2>(k, j, stream, out);
   if (nv > 0) groups_avx2<1>(k, j, stream, out);
 }
 
 void random_words_avx2(std::uint64_t key, std::int64_t first, std::int64_t count, std::uint32_t stream,
-                       std::uint32_t* out) noexcept {
+                       std::uint16_t* out) noexcept {
   words_by_vectors<4>(vectors_avx2, key, first, count, stream, out);
 }
 
@@ -229,15 +215,10 @@ void random_words_avx2(std::uint64_t key, std::int64_t first, std::int64_t count
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-#define LV_AVX512_INLINE inline __attribute__((always_inline, target("avx512f")))
-
-LV_AVX512_INLINE __m512i halves_avx512(__m512i w) {
-  const __m512i lo = _mm512_set1_epi64(0xFFFF), hi = _mm512_set1_epi64(0xFFFF0000);
-  return _mm512_or_si512(_mm512_and_si512(w, lo), _mm512_slli_epi64(_mm512_and_si512(w, hi), 16));
-}
+#define LV_AVX512_INLINE inline __attribute__((always_inline, target(LV_AVX512_TARGET)))
 
 template <int NV>
-LV_AVX512_INLINE void groups_avx512(const Keys& k, std::uint64_t j, std::uint32_t stream, std::uint32_t* out) {
+LV_AVX512_INLINE void groups_avx512(const Keys& k, std::uint64_t j, std::uint32_t stream, std::uint16_t* out) {
   const __m512i ma = _mm512_set1_epi64(kPhiloxRoundA), mb = _mm512_set1_epi64(kPhiloxRoundB);
   const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
   __m512i c0[NV], c1[NV], c2[NV], c3[NV];
@@ -261,34 +242,30 @@ LV_AVX512_INLINE void groups_avx512(const Keys& k, std::uint64_t j, std::uint32_
       c3[v] = pa;
     }
   }
+  // 64-bit lanes of the two stores: 128-bit lanes a0 b0 a1 b1, then a2 b2 a3 b3
+  const __m512i first = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+  const __m512i second = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
   LV_UNROLL(4)
   for (int v = 0; v < NV; ++v) {
-    const __m512i p0 = halves_avx512(c0[v]), p1 = halves_avx512(c1[v]);
-    const __m512i p2 = halves_avx512(c2[v]), p3 = halves_avx512(c3[v]);
-    // 128-bit lane l of a (c): words 0, 1 (2, 3) of group 2l; of b (d): of group 2l + 1
-    const __m512i a = _mm512_unpacklo_epi64(p0, p1), b = _mm512_unpackhi_epi64(p0, p1);
-    const __m512i c = _mm512_unpacklo_epi64(p2, p3), d = _mm512_unpackhi_epi64(p2, p3);
-    const __m512i ac_lo = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(1, 0, 1, 0));  // a0 a1 c0 c1
-    const __m512i bd_lo = _mm512_shuffle_i64x2(b, d, _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512i ac_hi = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 2, 3, 2));  // a2 a3 c2 c3
-    const __m512i bd_hi = _mm512_shuffle_i64x2(b, d, _MM_SHUFFLE(3, 2, 3, 2));
-    std::uint32_t* o = out + 64 * v;
-    _mm512_storeu_si512(o + 0, _mm512_shuffle_i64x2(ac_lo, bd_lo, _MM_SHUFFLE(2, 0, 2, 0)));   // groups 0, 1
-    _mm512_storeu_si512(o + 16, _mm512_shuffle_i64x2(ac_lo, bd_lo, _MM_SHUFFLE(3, 1, 3, 1)));  // 2, 3
-    _mm512_storeu_si512(o + 32, _mm512_shuffle_i64x2(ac_hi, bd_hi, _MM_SHUFFLE(2, 0, 2, 0)));  // 4, 5
-    _mm512_storeu_si512(o + 48, _mm512_shuffle_i64x2(ac_hi, bd_hi, _MM_SHUFFLE(3, 1, 3, 1)));  // 6, 7
+    // per 128-bit lane l: a = group 2l's words in order, b = group 2l + 1's
+    const __m512i lo01 = _mm512_unpacklo_epi32(c0[v], c1[v]), hi01 = _mm512_unpackhi_epi32(c0[v], c1[v]);
+    const __m512i lo23 = _mm512_unpacklo_epi32(c2[v], c3[v]), hi23 = _mm512_unpackhi_epi32(c2[v], c3[v]);
+    const __m512i a = _mm512_unpacklo_epi64(lo01, lo23), b = _mm512_unpacklo_epi64(hi01, hi23);
+    std::uint16_t* o = out + 64 * v;
+    _mm512_storeu_si512(o + 0, _mm512_permutex2var_epi64(a, first, b));    // groups 8v .. 8v + 3
+    _mm512_storeu_si512(o + 32, _mm512_permutex2var_epi64(a, second, b));  // groups 8v + 4 .. 8v + 7
   }
 }
 
-__attribute__((target("avx512f"))) void vectors_avx512(const Keys& k, std::uint64_t j, std::uint32_t stream,
-                                                       std::int64_t nv, std::uint32_t* out) {
+__attribute__((target(LV_AVX512_TARGET))) void vectors_avx512(const Keys& k, std::uint64_t j, std::uint32_t stream,
+                                                       std::int64_t nv, std::uint16_t* out) {
   // four vectors at a time (independent multiply chains), then the tail one by one
   for (; nv >= 4; nv -= 4, j += 32, out += 256) groups_avx512<4>(k, j, stream, out);
   for (; nv > 0; --nv, j += 8, out += 64) groups_avx512<1>(k, j, stream, out);
 }
 
 void random_words_avx512(std::uint64_t key, std::int64_t first, std::int64_t count, std::uint32_t stream,
-                         std::uint32_t* out) noexcept {
+                         std::uint16_t* out) noexcept {
   words_by_vectors<8>(vectors_avx512, key, first, count, stream, out);
 }
 

@@ -10,9 +10,10 @@ namespace luminav {
 namespace cpu {
 
 // R16(i, stream) for elements [first, first + count) of a tensor, as random_words (rounding
-// stream format 2, docs/tdclm.md): the same words from every form.
+// stream format 2, docs/tdclm.md), as 16-bit words: the same words from every form. (A group's
+// four Philox words, stored in order, are its eight R16 in element order.)
 using RandomWordsFn = void (*)(std::uint64_t key, std::int64_t first, std::int64_t count,
-                               std::uint32_t stream, std::uint32_t* out);
+                               std::uint32_t stream, std::uint16_t* out);
 
 // The form for `isa`: Philox of 2 (baseline SSE2), 4 (AVX2) or 8 (AVX-512F) groups per vector
 // register, two or more registers in flight; the scalar form off x86-64. Never null; `isa` must be
@@ -21,7 +22,7 @@ RandomWordsFn random_words_fn(CpuIsa isa) noexcept;
 
 // The scalar form (one group at a time): the other forms' reference.
 void random_words_scalar(std::uint64_t key, std::int64_t first, std::int64_t count,
-                         std::uint32_t stream, std::uint32_t* out) noexcept;
+                         std::uint32_t stream, std::uint16_t* out) noexcept;
 
 }  // namespace cpu
 }  // namespace luminav

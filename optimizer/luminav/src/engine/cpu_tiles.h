@@ -44,7 +44,7 @@ LV_TILE_INLINE void load_tile(DType d, const void* base, std::int64_t off, int n
 
 // Store rounding to `d`: bf16 rounds stochastically with `words` when non-null.
 LV_TILE_INLINE void store_tile(DType d, void* base, std::int64_t off, int n, const float* in,
-                const std::uint32_t* words) {
+                const std::uint16_t* words) {
   switch (d) {
     case DType::kFloat32:
       std::memcpy(static_cast<float*>(base) + off, in, sizeof(float) * n);
@@ -63,6 +63,16 @@ LV_TILE_INLINE void store_tile(DType d, void* base, std::int64_t off, int n, con
       for (int i = 0; i < n; ++i) dst[i] = f32_to_f16(in[i]);
       break;
     }
+  }
+}
+
+// 16-bit words copied a tile at a time: a whole tile as one copy of a fixed size (vector moves;
+// a copy whose length is known only at run time becomes a string move, slow to start).
+LV_TILE_INLINE void copy_words16(std::uint16_t* dst, const std::uint16_t* src, int n) {
+  if (n == kTile) {
+    std::memcpy(dst, src, sizeof(std::uint16_t) * kTile);
+  } else {
+    std::memcpy(dst, src, sizeof(std::uint16_t) * static_cast<std::size_t>(n));
   }
 }
 
@@ -96,7 +106,7 @@ inline TensorConsts tensor_consts(const GroupConfig& cfg, const TensorRow& row) 
 
 struct Tile {
   float g[kTile], m[kTile], v[kTile], u[kTile], p[kTile], p0[kTile];
-  std::uint32_t w[kTile], w1[kTile], w2[kTile];  // random words of streams 0, 1, 2
+  std::uint16_t w[kTile], w1[kTile], w2[kTile];  // random words of streams 0, 1, 2
   std::uint8_t large[kTile];                      // pass 2: |u / tau| takes tanh's second branch
 };
 
@@ -134,7 +144,7 @@ LV_TILE_INLINE float* tile_inout(DType d, void* base, std::int64_t off, int n, f
 }
 // Writes a tile operand back when it went through a buffer (float32 ones were written in place).
 LV_TILE_INLINE void tile_out(DType d, void* base, std::int64_t off, int n, const float* buf,
-                             const std::uint32_t* words) {
+                             const std::uint16_t* words) {
   if (d != DType::kFloat32) store_tile(d, base, off, n, buf, words);
 }
 
@@ -162,8 +172,8 @@ LV_TILE_INLINE float moments_one(const TensorConsts& c, float g, float& m, float
 template <StateRound R, bool KEEP = false>
 LV_TILE_INLINE void direction_tile(const TensorConsts& c, int n, const float* __restrict g,
                                    const float* __restrict m, const float* __restrict v,
-                                   float* __restrict u, const std::uint32_t* __restrict w1,
-                                   const std::uint32_t* __restrict w2,
+                                   float* __restrict u, const std::uint16_t* __restrict w1,
+                                   const std::uint16_t* __restrict w2,
                                    std::uint16_t* __restrict ms = nullptr,
                                    std::uint16_t* __restrict vs = nullptr) {
   static_assert(!KEEP || R == StateRound::kBf16Rne || R == StateRound::kBf16Sr, "bf16 moments only");
@@ -195,8 +205,8 @@ template <StateRound R, Clip C>
 LV_TILE_INLINE void update_tile(const TensorConsts& c, int n, float tau, float decay, float lr,
                                 const float* __restrict g, float* __restrict m,
                                 float* __restrict v, float* __restrict p,
-                                const std::uint32_t* __restrict w1,
-                                const std::uint32_t* __restrict w2) {
+                                const std::uint16_t* __restrict w1,
+                                const std::uint16_t* __restrict w2) {
   const float rtau = C == Clip::kTanh ? 1.0f / tau : 0.0f;
   for (int i = 0; i < n; ++i) {
     float mi = m[i], vi = v[i];
@@ -259,8 +269,8 @@ template <StateRound R>
 LV_TILE_INLINE void update_tile_tanh(const TensorConsts& c, int n, float tau, float decay, float lr,
                                      const float* __restrict g, float* __restrict m,
                                      float* __restrict v, float* __restrict p,
-                                     const std::uint32_t* __restrict w1,
-                                     const std::uint32_t* __restrict w2, float* __restrict u,
+                                     const std::uint16_t* __restrict w1,
+                                     const std::uint16_t* __restrict w2, float* __restrict u,
                                      std::uint8_t* __restrict large) {
   for (int i = 0; i < n; ++i) {
     float mi = m[i], vi = v[i];
@@ -278,8 +288,8 @@ LV_TILE_INLINE void update_tile_tanh_cached(const TensorConsts& c, int n, float 
                                             float lr, const float* __restrict g,
                                             float* __restrict m, float* __restrict v,
                                             float* __restrict p,
-                                            const std::uint32_t* __restrict w1,
-                                            const std::uint32_t* __restrict w2,
+                                            const std::uint16_t* __restrict w1,
+                                            const std::uint16_t* __restrict w2,
                                             const float* __restrict u,
                                             std::uint8_t* __restrict large) {
   for (int i = 0; i < n; ++i) {
@@ -301,7 +311,7 @@ LV_TILE_INLINE bool tile_all_finite(const float* g, int n) {
 template <StateRound R>
 LV_TILE_INLINE void update_clip(Clip clip, const TensorConsts& c, int n, float tau, float decay,
                                 float lr, const float* g, float* m, float* v, float* p,
-                                const std::uint32_t* w1, const std::uint32_t* w2, float* u,
+                                const std::uint16_t* w1, const std::uint16_t* w2, float* u,
                                 const float* cached_u, std::uint8_t* large) {
   switch (clip) {
     case Clip::kOff: update_tile<R, Clip::kOff>(c, n, tau, decay, lr, g, m, v, p, w1, w2); break;
@@ -318,7 +328,7 @@ LV_TILE_INLINE void update_clip(Clip clip, const TensorConsts& c, int n, float t
 
 LV_TILE_INLINE void update(StateRound r, Clip clip, const TensorConsts& c, int n, float tau,
                            float decay, float lr, const float* g, float* m, float* v, float* p,
-                           const std::uint32_t* w1, const std::uint32_t* w2, float* u,
+                           const std::uint16_t* w1, const std::uint16_t* w2, float* u,
                            const float* cached_u, std::uint8_t* large) {
   switch (r) {
     case StateRound::kNone: update_clip<StateRound::kNone>(clip, c, n, tau, decay, lr, g, m, v, p, w1, w2, u, cached_u, large); break;
