@@ -573,3 +573,25 @@ def test_grad_scaler_takes_the_scale_into_the_step_and_equals_unscale_then_step(
     steps = [int(s["step"]) for s in opt.state.values()]
     assert steps == [int(s["step"]) for s in opt2.state.values()] == [4 - len(poisoned)] * 4
     assert int(opt.skipped_steps) == len(poisoned)  # skipped on the device, counted
+
+
+def test_the_eager_step_skips_the_disabling_wrapper_only_where_the_callback_query_is_safe():
+    """The eager step asks torch for the eval-frame callback only where that call returns a new
+    reference (torch 2.13 on): before, each call took a reference from the callback, which
+    freed dynamo's callback inside a compiled region (a segmentation fault on torch 2.6 and
+    2.7). Where the query is used, a thousand calls leave None's reference count as it was."""
+    import sys
+
+    from luminamoon.optimizer import optimizer as opt_module
+
+    version = tuple(int(x) for x in torch.__version__.split(".")[:2])
+    if version < (2, 13):
+        assert opt_module._EAGER_CHECK is False
+        return
+    assert opt_module._EAGER_CHECK is (opt_module._IS_COMPILING is not None
+                                      and opt_module._FRAME_CALLBACK is not None)
+    if opt_module._EAGER_CHECK and sys.version_info < (3, 12):
+        before = sys.getrefcount(None)
+        for _ in range(1000):
+            assert opt_module._FRAME_CALLBACK() is None
+        assert sys.getrefcount(None) == before

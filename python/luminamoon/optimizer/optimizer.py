@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -106,7 +107,33 @@ def _untraced(fn):
 _IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 _FRAME_CALLBACK = getattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None),
                           "get_eval_frame_callback", None)
-_EAGER_CHECK = _IS_COMPILING is not None and _FRAME_CALLBACK is not None
+
+
+def _frame_callback_is_a_new_reference() -> bool:
+    """Whether this torch's get_eval_frame_callback hands back a new reference. Releases before
+    2.13 return the callback without one: every call then takes a reference from the callback,
+    and inside a compiled region (a step called after a graph break) that frees dynamo's
+    callback while it runs, a segmentation fault (torch 2.6 and 2.7, seen). Those releases take
+    torch.compiler.disable's wrapper on every step, as all did before. Where None is not
+    immortal (Python < 3.12) the call is also probed: a reference it took from None shows."""
+    if _IS_COMPILING is None or _FRAME_CALLBACK is None:
+        return False
+    try:
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    if (major, minor) < (2, 13):
+        return False
+    if sys.version_info < (3, 12):
+        before = sys.getrefcount(None)
+        if _FRAME_CALLBACK() is not None:  # a compiled region is running: no probe now
+            return False
+        if sys.getrefcount(None) != before:
+            return False
+    return True
+
+
+_EAGER_CHECK = _frame_callback_is_a_new_reference()
 
 
 def _not_traced(fn):
