@@ -134,9 +134,10 @@ class _Plan:
         self.without_grad = without_grad  # parameters that had no gradient
         self.sharded = sharded  # any DTensor parameter: grads are read through their local shard
         self.owner_ptrs, self.owner_layouts, self.grad_layouts = [], [], []
-        # per launch group: the gradients' addresses the last step took (None: none yet, or
-        # a group that stages its gradients), so that a step whose gradients did not move
-        # compares them in one call instead of reading each
+        # per launch group: the gradients' addresses the last step took (None: none yet), the
+        # tensors the backends read (flat views and staging buffers where the group has them),
+        # so that a step whose gradients did not move compares them in one call instead of
+        # reading each
         self.last_grad_ptrs: List[Optional[_Pointers]] = [None] * len(groups)
         for g, owners in zip(groups, grad_sources):
             # the addresses the backends read (param_ptrs: flat views or staging buffers where
@@ -217,9 +218,7 @@ def take_grads(plan: _Plan, groups: List[Dict[str, Any]]) -> bool:
                 grads = launch_grads(launch, grads, owners)
                 if grads is None:
                     return False
-                grad_ptrs = tuple(map(_DATA_PTR, grads))
-            else:
-                grad_ptrs = _grad_pointers(plan, i, grads)
+            grad_ptrs = _grad_pointers(plan, i, grads)
         except (AttributeError, RuntimeError, TypeError, ValueError):
             return False
         taken.append((grads, grad_ptrs))

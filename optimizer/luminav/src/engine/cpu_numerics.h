@@ -15,9 +15,13 @@
 #define LV_TILE_INLINE inline
 #endif
 
-// The instruction sets of the engine's AVX-512 forms (x86-64-v4's: F, BW, VL, DQ, CD): what
-// cpu_kernels.cpp checks before it picks them.
-#define LV_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512cd"
+// The instruction sets of the engine's AVX-512 forms (x86-64-v4's: F, BW, VL, DQ, CD), written
+// once: X(name) for each, which cpu_kernels.cpp checks one by one before it picks the forms,
+// and LV_AVX512_TARGET, the same list as one target string (adjacent literals; the first name
+// again closes the list, a repeat the attribute ignores).
+#define LV_AVX512_FEATURES(X) X("avx512f") X("avx512bw") X("avx512vl") X("avx512dq") X("avx512cd")
+#define LV_AVX512_TARGET_ITEM(name) name ","
+#define LV_AVX512_TARGET LV_AVX512_FEATURES(LV_AVX512_TARGET_ITEM) "avx512f"
 
 namespace luminav {
 namespace cpu {
