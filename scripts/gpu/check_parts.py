@@ -4,17 +4,23 @@ the .grad getter. Median of --repeat timings of one pass over the list, in us.
 Run on a CUDA machine: python3 scripts/gpu/check_parts.py"""
 import argparse
 import operator
+import os
 import statistics
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "benchmarks"))
+from bench_step import tiny_shapes  # noqa: E402  (bench_step's tiny-1000 case)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--tensors", type=int, default=1000)
 ap.add_argument("--repeat", type=int, default=300)
 args = ap.parse_args()
 dev = torch.device("cuda")
-plain = [torch.randn((37 * j) % 4096 + 1, device=dev) for j in range(args.tensors)]
+plain = [torch.randn(s, device=dev) for s in tiny_shapes()[:args.tensors]]
 params = [torch.nn.Parameter(t.clone()) for t in plain]
 for p, g in zip(params, plain):
     p.grad = g

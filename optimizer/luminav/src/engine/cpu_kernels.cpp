@@ -98,8 +98,8 @@ struct IsaChoice {
 CpuIsa best_isa() noexcept {
 #if LV_X86_CLONES
   __builtin_cpu_init();
-#define LV_CPU_HAS(name) && __builtin_cpu_supports(name)
-  if (true LV_AVX512_FEATURES(LV_CPU_HAS)) return CpuIsa::kAvx512;
+#define LV_CPU_HAS(name) __builtin_cpu_supports(name)
+  if (LV_AVX512_FEATURES(LV_CPU_HAS, &&)) return CpuIsa::kAvx512;
 #undef LV_CPU_HAS
   if (__builtin_cpu_supports("avx2")) return CpuIsa::kAvx2;
 #endif

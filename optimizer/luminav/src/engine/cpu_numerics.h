@@ -16,12 +16,12 @@
 #endif
 
 // The instruction sets of the engine's AVX-512 forms (x86-64-v4's: F, BW, VL, DQ, CD), written
-// once: X(name) for each, which cpu_kernels.cpp checks one by one before it picks the forms,
-// and LV_AVX512_TARGET, the same list as one target string (adjacent literals; the first name
-// again closes the list, a repeat the attribute ignores).
-#define LV_AVX512_FEATURES(X) X("avx512f") X("avx512bw") X("avx512vl") X("avx512dq") X("avx512cd")
-#define LV_AVX512_TARGET_ITEM(name) name ","
-#define LV_AVX512_TARGET LV_AVX512_FEATURES(LV_AVX512_TARGET_ITEM) "avx512f"
+// once: X(name) for each, SEP between them. LV_AVX512_TARGET is the list as one target string
+// (adjacent literals); cpu_kernels.cpp checks each name before it picks the forms.
+#define LV_AVX512_FEATURES(X, SEP) \
+  X("avx512f") SEP X("avx512bw") SEP X("avx512vl") SEP X("avx512dq") SEP X("avx512cd")
+#define LV_AVX512_NAME(name) name
+#define LV_AVX512_TARGET LV_AVX512_FEATURES(LV_AVX512_NAME, ",")
 
 namespace luminav {
 namespace cpu {
