@@ -19,7 +19,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--tensors", type=int, default=1000)
 ap.add_argument("--repeat", type=int, default=300)
 args = ap.parse_args()
-dev = torch.device("cuda")
+dev = torch.device(os.environ.get("CHECK_DEVICE", "cuda"))
 plain = [torch.randn(s, device=dev) for s in tiny_shapes()[:args.tensors]]
 params = [torch.nn.Parameter(t.clone()) for t in plain]
 for p, g in zip(params, plain):
@@ -55,6 +55,6 @@ for name, ts in (("params", params), ("plain", plain)):
     rows.append((name, "set(map(dtype))", timed(lambda: set(map(operator.attrgetter("dtype"), ts)))))
     rows.append((name, "map(is_)", timed(lambda: all(map(operator.is_, ts, ts)))))
 rows.append(("params", "list(map(grad))", timed(lambda: list(map(operator.attrgetter("grad"), params)))))
-print(torch.__version__, torch.cuda.get_device_name(0), f"{args.tensors} tensors")
+print(torch.__version__, torch.cuda.get_device_name(0) if dev.type == "cuda" else dev, f"{args.tensors} tensors")
 for name, what, us in rows:
     print(f"{name:7s} {what:40s} {us:8.1f} us")

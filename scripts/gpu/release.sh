@@ -2,7 +2,8 @@
 # scripts/gpu/release.sh: one GPU call that checks a release and measures it beside an older
 # tree (.oldtree/, e.g. `git archive <rev> | tar -x -C .oldtree`), from the repository root.
 #   build     pip install --target build/gpu-new (the native module, the luminav command, the
-#             default bundle compiled here); a test bundle of every variant for sm_90
+#             default bundle compiled here); a test bundle of every variant for sm_90, or with
+#             TEST_BUNDLE=default none: pytest then takes the default bundle (the same variants)
 #   doctor    luminamoon doctor's verdict, luminav verify --require-gpu and selftest of the
 #             default bundle
 #   pytest    every test with the marker gpu (a test bundle of every variant for sm_90)
@@ -35,15 +36,16 @@ if has build; then
      --no-deps --target "$NEW" . > "$OUT/build-new.log" 2>&1; echo "new rc=$?"
   wait
   tail -n 3 "$OUT/build-new.log"
-  stage test-bundle 150 env PYTHONPATH="$NEW" python3 -m luminamoon aot build --arch 90 --out "$TB" --jobs "$J" --quiet
+  [ "${TEST_BUNDLE:-}" = default ] || stage test-bundle 150 env PYTHONPATH="$NEW" python3 -m luminamoon aot build --arch 90 --out "$TB" --jobs "$J" --quiet
 fi
 export PATH=$NEW/bin:$PATH
 if has doctor; then
   TAILN=30 stage doctor 120 bash -c "PYTHONPATH=$NEW python3 -m luminamoon doctor; b=\$(PYTHONPATH=$NEW python3 -m luminamoon aot default); luminav verify \"\$b\" --require-gpu | tail -n 3; luminav selftest \"\$b\" | tail -n 5"
 fi
 if has pytest; then
+  [ "${TEST_BUNDLE:-}" = default ] && TB=$(PYTHONPATH="$NEW" python3 -m luminamoon aot default)
   TAILN=14 stage pytest-gpu ${PYTEST_LIMIT:-240} env PYTHONPATH="$NEW" LUMINAMOON_TEST_BUNDLE="$TB" \
-    python3 -m pytest tests -m gpu -q -ra -p no:cacheprovider --timeout 200
+    python3 -m pytest tests -m gpu ${PYTEST_ARGS:--q} -ra -p no:cacheprovider --timeout 200
 fi
 CASES=${CASES:-one-256M/fp32,one-256M/bf16,gpt2-124m/fp32,gpt2-124m/bf16,tiny-1000/fp32}
 if has bench; then
