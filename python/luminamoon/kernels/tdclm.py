@@ -142,10 +142,11 @@ def _load_f32(ptr, offs, mask, DTYPE: tl.constexpr):
 @triton.jit
 def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
                    S_DTYPE: tl.constexpr, SR: tl.constexpr, BLOCK: tl.constexpr,
-                   ALIGNED: tl.constexpr, WIDE: tl.constexpr):
+                   ALIGNED: tl.constexpr, WIDE: tl.constexpr, FAST_U: tl.constexpr):
     """Steps 1-4 of docs/internals.md; pass 1 and pass 2 both call this, so their u agree.
 
-    Returns (m', v') rounded to the state dtype (in that dtype) and u (float32).
+    Returns (m', v') rounded to the state dtype (in that dtype) and u (float32). FAST_U:
+    _direction's.
     """
     # 1. gradient, sign applied: folded into the scalar (1 - beta1) * sign, the same bits as
     # (1 - beta1) * (g * sign) since a sign flip is exact; (g * sign)**2 is g * g
@@ -159,8 +160,42 @@ def _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
     m_r = _storage_to_f32(m_st, S_DTYPE)
     v_r = _storage_to_f32(v_st, S_DTYPE)
     # 4. Adam direction
-    u = tl.div_rn(m_r * rbc1, tl.sqrt_rn(v_r * rbc2) + eps)
+    u = _direction(m_r, v_r, rbc1, rbc2, eps, FAST_U)
     return m_st, v_st, u
+
+
+# The float32 boundary of the normal range, and the scales _direction's square root takes a value
+# below it through (the hardware's approximate root flushes such inputs to zero).
+_FLT_MIN: tl.constexpr = tl.constexpr(1.1754943508222875e-38)
+_TWO_POW_48: tl.constexpr = tl.constexpr(281474976710656.0)
+_TWO_POW_M24: tl.constexpr = tl.constexpr(5.9604644775390625e-08)
+
+
+@triton.jit
+def _direction(m_r, v_r, rbc1, rbc2, eps, FAST_U: tl.constexpr):
+    """Step 4, u = (m'/bc1) / (sqrt(v'/bc2) + eps), from the rounded moments.
+
+    IEEE-rounded square root and division, or with FAST_U the hardware's approximations
+    (sqrt.approx and div.full: within 2 ulps each, u within about 3 ulps of the IEEE value, which
+    docs/tdclm.md allows: "within float32 rounding"; a 16-bit stored value moves only where q sits
+    that close to a rounding edge). The approximate root is taken of a value below the normal
+    range scaled by 2**48 (then the root by 2**-24), so that a subnormal v'/bc2 is not flushed to
+    zero (which, with a tiny eps, would change u); the division is the full-range form, exact in
+    its scaling for every positive denominator. The interpreter computes both exactly.
+
+    FAST_U is set where gradients and moments are both 16-bit, by both passes alike (from the same
+    two dtypes, so pass 2's u has pass 1's bits). Those kernels read and write 6 (pass 1) or 14
+    (AdamW mode with bf16 params) bytes an element and are bound by the instructions they issue,
+    not by memory (benchmarks/results/2026-12-06-sass-direction.csv); elsewhere memory bounds the
+    kernels, and step 4 stays IEEE-rounded: the C++ engine's and the reference's bits."""
+    if FAST_U:
+        x = v_r * rbc2
+        tiny = x < _FLT_MIN
+        root = tl.sqrt(tl.where(tiny, x * _TWO_POW_48, x))
+        root = tl.where(tiny, root * _TWO_POW_M24, root)
+        return (m_r * rbc1) / (root + eps)
+    else:
+        return tl.div_rn(m_r * rbc1, tl.sqrt_rn(v_r * rbc2) + eps)
 
 
 @triton.jit
@@ -256,14 +291,14 @@ def _pass1_loads(g_ptr, m_ptr, v_ptr, offs, mask, G_DTYPE: tl.constexpr, S_DTYPE
 @triton.jit
 def _pass1_sums(g_raw, m, v, mask, g0, rbc1, rbc2, key, sign, beta1, beta2, eps,
                 S_DTYPE: tl.constexpr, SR: tl.constexpr, NEED_SUM: tl.constexpr,
-                WIDE: tl.constexpr, ALIGNED: tl.constexpr):
+                WIDE: tl.constexpr, ALIGNED: tl.constexpr, FAST_U: tl.constexpr):
     """(sum of u*u, any non-finite grad) over one block of loaded elements.
 
     The finite check is one max of |g| a element (a NaN wins it), tested once a block."""
     g_abs = tl.where(mask, tl.abs(g_raw), 0.0)
     if NEED_SUM:
         _m_st, _v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key,
-                                         g0, S_DTYPE, SR, g_raw.numel, ALIGNED, WIDE)
+                                         g0, S_DTYPE, SR, g_raw.numel, ALIGNED, WIDE, FAST_U)
         uu = tl.where(mask, u * u, 0.0)
     else:
         uu = g_abs * 0.0
@@ -290,6 +325,7 @@ def _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, rbc1, rbc2,
                      ALIGNED: tl.constexpr):
     """Pass 1 over a masked block of a kernel that draws rounding words, SUB_BLOCK elements at a
     time; the sub-tiles' sums added in order."""
+    FAST_U: tl.constexpr = (G_DTYPE != 0) and (S_DTYPE != 0)  # (_direction)
     nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
     s = nsub.to(tl.float32) * 0.0
     bad = (nsub * 0).to(tl.int32)
@@ -300,7 +336,7 @@ def _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, rbc1, rbc2,
         g_raw, m, v = _pass1_loads(g_ptr, m_ptr, v_ptr, so, mask, G_DTYPE, S_DTYPE, NEED_SUM)
         s_sub, bad_sub = _pass1_sums(g_raw, m, v, mask, elem_offset + first, rbc1, rbc2, key,
                                      sign, beta1, beta2, eps, S_DTYPE, SR, NEED_SUM, WIDE,
-                                     ALIGNED)
+                                     ALIGNED, FAST_U)
         s += s_sub
         bad = tl.maximum(bad, bad_sub)
         sub += 1
@@ -327,11 +363,11 @@ def _pass2_update(g_raw, m, v, p, p0, p_ptr, m_ptr, v_ptr, offs, mask, g0, key, 
                   beta2, eps, rbc1, rbc2, decay, tau, bound,
                   P_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
                   BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr, WIDE: tl.constexpr,
-                  ALIGNED: tl.constexpr):
+                  ALIGNED: tl.constexpr, FAST_U: tl.constexpr):
     """Steps 1-8 of docs/internals.md over one block of loaded elements, stored where ``mask``
     (ALIGNED: the block's first global index is a multiple of 8)."""
     m_st, v_st, u = _moment_update(g_raw, m, v, sign, beta1, beta2, eps, rbc1, rbc2, key, g0,
-                                   S_DTYPE, SR, offs.numel, ALIGNED, WIDE)
+                                   S_DTYPE, SR, offs.numel, ALIGNED, WIDE, FAST_U)
     # 5. soft clip (pass 2 only)
     if USE_CLIP:
         # tau == 0 (every u zero) gives 0; a NaN tau (non-finite grads, nonfinite="propagate")
@@ -366,6 +402,7 @@ def _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offs
                      ALIGNED: tl.constexpr):
     """Pass 2 over a masked block of a kernel that draws rounding words, SUB_BLOCK elements at
     a time (the sub-tiles the block has elements in); stored where the step applies."""
+    FAST_U: tl.constexpr = (G_DTYPE != 0) and (S_DTYPE != 0)  # (_direction)
     nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
     sub = nsub * 0
     while sub < nsub:  # (a while loop: the interpreter takes no tensor range() bound)
@@ -379,7 +416,8 @@ def _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offs
             store = inside
         _pass2_update(g_raw, m, v, p, p0, p_ptr, m_ptr, v_ptr, so, store,
                       elem_offset + first, key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay,
-                      tau, bound, P_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, WIDE, ALIGNED)
+                      tau, bound, P_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, WIDE, ALIGNED,
+                      FAST_U)
         sub += 1
 
 
@@ -406,6 +444,8 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
     MIXED: tl.constexpr = ((P_DTYPE == 0) != (S_DTYPE == 0)) or ((G_DTYPE == 0) != (S_DTYPE == 0))
     # the wide Philox multiply where every tensor is 16-bit (rounding._stream_words16)
     WIDE: tl.constexpr = ((P_DTYPE != 0) and (G_DTYPE != 0)) and (S_DTYPE != 0)
+    # step 4 with the approximate root and division (_direction): as pass 1 decides it
+    FAST_U: tl.constexpr = (G_DTYPE != 0) and (S_DTYPE != 0)
     start, offs = _block_layout(pid, block_start, BLOCK, MIXED, SR)
     p_ptr = _elem_ptr(p_addr, P_DTYPE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
@@ -452,7 +492,7 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
                                           P_DTYPE, G_DTYPE, S_DTYPE, BOUND_MODE)
         _pass2_update(g_raw, m, v, p, p0, p_ptr, m_ptr, v_ptr, offs, ok, g0, key, lr, sign,
                       beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, S_DTYPE, SR,
-                      BOUND_MODE, USE_CLIP, WIDE, 1)
+                      BOUND_MODE, USE_CLIP, WIDE, 1, FAST_U)
     elif SR:
         # the tensor's last block, in sub-tiles (SUB_BLOCK)
         _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offset, found_inf,
@@ -464,7 +504,7 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
                                           P_DTYPE, G_DTYPE, S_DTYPE, BOUND_MODE)
         _pass2_update(g_raw, m, v, p, p0, p_ptr, m_ptr, v_ptr, offs, inside & ok, g0, key, lr,
                       sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, S_DTYPE,
-                      SR, BOUND_MODE, USE_CLIP, WIDE, 1)
+                      SR, BOUND_MODE, USE_CLIP, WIDE, 1, FAST_U)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -493,6 +533,8 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     # the moments' rounding words matter only with bf16 moments and a sum to take
     TILE: tl.constexpr = (SR and NEED_SUM) and (S_DTYPE == 1)
     WIDE: tl.constexpr = (G_DTYPE != 0) and (S_DTYPE != 0)
+    # step 4 with the approximate root and division (_direction): as pass 2 decides it
+    FAST_U: tl.constexpr = (G_DTYPE != 0) and (S_DTYPE != 0)
     start, offs = _block_layout(pid, block_start, BLOCK, MIXED, TILE)
     g_ptr = _elem_ptr(g_addr, G_DTYPE)
     m_ptr = _elem_ptr(m_addr, S_DTYPE)
@@ -510,7 +552,8 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
         rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
                                            beta2, SR, NEED_SUM)
         s, bad = _pass1_sums(g_raw, m, v, tl.full(offs.shape, 1, tl.int1), g0, rbc1, rbc2, key,
-                             sign, beta1, beta2, eps, S_DTYPE, SR, NEED_SUM, WIDE, 1)
+                             sign, beta1, beta2, eps, S_DTYPE, SR, NEED_SUM, WIDE, 1,
+                             FAST_U)
     else:
         rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
                                            beta2, SR, NEED_SUM)
@@ -529,7 +572,7 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
             g_raw, m, v = _pass1_loads(g_ptr, m_ptr, v_ptr, offs, inside, G_DTYPE, S_DTYPE,
                                        NEED_SUM)
             s, bad = _pass1_sums(g_raw, m, v, inside, g0, rbc1, rbc2, key, sign, beta1, beta2,
-                                 eps, S_DTYPE, SR, NEED_SUM, WIDE, 1)
+                                 eps, S_DTYPE, SR, NEED_SUM, WIDE, 1, FAST_U)
     tl.store(partial_sum + pid, s)
     tl.store(partial_bad + pid, bad)
 
