@@ -6,10 +6,12 @@ Marker ``gpu``: every test here is skipped without CUDA (and without Triton).
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from cases import (BF16, F16, F32, GPU_CASES, GPU_SHAPES, Case, assert_groups_close,
+from cases import (BF16, F16, F32, GPU_CASES, GPU_SHAPES, Case, assert_groups_close, f32,
                    assert_storage_close,
                    clone_group, compare_with_reference, copy_state, make_group, new_grads,
                    run_step, snapshot, assert_unchanged)
@@ -96,6 +98,48 @@ def test_tensor_over_2_31_elements():
         assert_storage_close(p[a:b], ref.params[0], f"param slice {a}:{b}")
         assert_storage_close(m[a:b], ref.exp_avgs[0], f"exp_avg slice {a}:{b}")
         assert_storage_close(v[a:b], ref.exp_avg_sqs[0], f"exp_avg_sq slice {a}:{b}")
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_sixteen_bit_direction_keeps_subnormal_second_moments(clip):
+    """The all-16-bit kernels take step 4's approximate square root (kernels/tdclm._direction),
+    which flushes a subnormal argument to zero unless scaled first. With v'/bc2 subnormal and a
+    tiny eps the root is what u divides by: flushed, u would be m'/eps (about 1e10 here) instead
+    of about 1. Both passes (clip 1) and the single pass (clip 0) against the reference."""
+    import dataclasses
+
+    from cases import assert_stats_close
+
+    dev = torch.device("cuda")
+    case = Case(BF16, BF16, BF16, clip=clip, nonfinite="skip" if clip else "propagate")
+    hyper = dataclasses.replace(case.hyper(), eps=f32(1e-30))
+    gen = torch.Generator(device=dev).manual_seed(11)
+    shapes = [(4099,), (2048,), (37, 29)]
+
+    def rnd(shape, scale):
+        return (torch.randn(shape, generator=gen, device=dev) * scale).to(BF16)
+
+    def group(ps, gs, ms, vs):
+        n = len(ps)
+        return LaunchGroup(dev, BF16, BF16, BF16, hyper, 1e-2, 4242, ps, gs, ms, vs, None,
+                           [torch.tensor(20000, dtype=torch.int64, device=dev) for _ in range(n)],
+                           [5 * j for j in range(n)], [0] * n, [math.prod(s) for s in shapes])
+
+    ps = [rnd(s, 1.0) for s in shapes]
+    gs = [rnd(s, 1e-21) for s in shapes]
+    ms = [rnd(s, 1e-20) for s in shapes]
+    # second moments between 1e-40 and 1e-38: below float32's normal range (1.18e-38)
+    vs = [(torch.rand(s, generator=gen, device=dev) * 1e-38 + 1e-40).to(BF16) for s in shapes]
+    assert all(bool((v.float() < 1.1754943508222875e-38).any()) for v in vs)
+    ours = group(ps, gs, ms, vs)
+    ref = group(*[[t.clone() for t in ts] for ts in (ps, gs, ms, vs)])
+    run_step(_backend(), ours)
+    run_step(ReferenceBackend(), ref)
+    assert_stats_close(ours, ref, "subnormal v")
+    assert_groups_close(ours, ref, "subnormal v")
+    # the update is of the order of lr (|u| about 1), not 1e8
+    for p, p_ref in zip(ours.params, ref.params):
+        assert float((p.float() - p_ref.float()).abs().max()) < 0.1
 
 
 def test_current_device_differs_from_params():

@@ -26,10 +26,11 @@ __all__ = [
 # No floating-point contraction: with division and square root already IEEE-rounded (div_rn,
 # sqrt_rn), each element's arithmetic is then the same sequence of correctly rounded float32
 # operations as the C++ CPU engine (built with -ffp-contract=off) and the reference, so the
-# backends agree to the bit except where tanh's implementations differ. An FMA would change
-# m' = beta1*m + (1-beta1)*g by up to an ulp of its operands, which under cancellation is many
-# ulps of the result and moves bf16 moments by several storage ulps. The kernels are bound by
-# memory, so the separate multiply and add cost no time.
+# backends agree to the bit except where tanh's implementations differ, and in the kernels whose
+# gradients and moments are 16-bit, whose step 4 takes approximate forms (tdclm._direction). An
+# FMA would change m' = beta1*m + (1-beta1)*g by up to an ulp of its operands, which under
+# cancellation is many ulps of the result and moves bf16 moments by several storage ulps. The
+# separate multiply and add cost about 4 instructions an element.
 COMPILE_OPTIONS = {"enable_fp_fusion": False}
 
 
