@@ -18,6 +18,10 @@
 #   demo      luminamoon demo on the GPU (its results under $OUT/demo)
 #   campaign  scripts/gpu/bundle_campaign.py (its summary under $OUT/campaign)
 # Usage: scripts/gpu/release.sh [stage ...]; logs and CSVs under $OUT.
+# One call that checks a tree and compares it with .oldtree (the GPU suite, verify/selftest, and
+# bench_step and the host cost before and after): TEST_BUNDLE=default PYTEST_LIMIT=340
+# scripts/gpu/release.sh build doctor pytest bench host: about 560 s on an H100 machine
+# (build ~100 s, doctor ~20, pytest ~315, bench ~45, host ~75).
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
