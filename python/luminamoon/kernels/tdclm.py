@@ -322,10 +322,9 @@ def _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, rbc1, rbc2,
                      beta1, beta2, eps,
                      G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr, SR: tl.constexpr,
                      NEED_SUM: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
-                     ALIGNED: tl.constexpr):
+                     ALIGNED: tl.constexpr, FAST_U: tl.constexpr):
     """Pass 1 over a masked block of a kernel that draws rounding words, SUB_BLOCK elements at a
     time; the sub-tiles' sums added in order."""
-    FAST_U: tl.constexpr = (G_DTYPE != 0) and (S_DTYPE != 0)  # (_direction)
     nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
     s = nsub.to(tl.float32) * 0.0
     bad = (nsub * 0).to(tl.int32)
@@ -399,10 +398,9 @@ def _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offs
                      P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr, S_DTYPE: tl.constexpr,
                      SR: tl.constexpr, BOUND_MODE: tl.constexpr, USE_CLIP: tl.constexpr,
                      CHECK_FLAG: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
-                     ALIGNED: tl.constexpr):
+                     ALIGNED: tl.constexpr, FAST_U: tl.constexpr):
     """Pass 2 over a masked block of a kernel that draws rounding words, SUB_BLOCK elements at
     a time (the sub-tiles the block has elements in); stored where the step applies."""
-    FAST_U: tl.constexpr = (G_DTYPE != 0) and (S_DTYPE != 0)  # (_direction)
     nsub = tl.minimum((numel - start + SUB_BLOCK - 1) // SUB_BLOCK, BLOCK // SUB_BLOCK)
     sub = nsub * 0
     while sub < nsub:  # (a while loop: the interpreter takes no tensor range() bound)
@@ -485,7 +483,8 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
         # in sub-tiles (SUB_BLOCK)
         _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offset, found_inf,
                          key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE,
-                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, WIDE, BLOCK, 0)
+                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, WIDE, BLOCK, 0,
+                         FAST_U)
     elif start + BLOCK <= numel:
         # a full block: unmasked loads, so accesses stay 16-byte vectors
         g_raw, m, v, p, p0 = _pass2_loads(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, None,
@@ -497,7 +496,8 @@ def _tdclm_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, 
         # the tensor's last block, in sub-tiles (SUB_BLOCK)
         _pass2_sub_tiles(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, start, numel, elem_offset, found_inf,
                          key, lr, sign, beta1, beta2, eps, rbc1, rbc2, decay, tau, bound, P_DTYPE,
-                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, WIDE, BLOCK, 1)
+                         G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG, WIDE, BLOCK, 1,
+                         FAST_U)
     else:
         inside = offs < numel
         g_raw, m, v, p, p0 = _pass2_loads(p_ptr, g_ptr, m_ptr, v_ptr, p0_ptr, offs, inside,
@@ -562,11 +562,11 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
             if (elem_offset & 7) != 0:
                 s, bad = _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, rbc1,
                                           rbc2, key, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE,
-                                          SR, NEED_SUM, WIDE, BLOCK, 0)
+                                          SR, NEED_SUM, WIDE, BLOCK, 0, FAST_U)
             else:
                 s, bad = _pass1_sub_tiles(g_ptr, m_ptr, v_ptr, start, numel, elem_offset, rbc1,
                                           rbc2, key, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE,
-                                          SR, NEED_SUM, WIDE, BLOCK, 1)
+                                          SR, NEED_SUM, WIDE, BLOCK, 1, FAST_U)
         else:
             inside = offs < numel
             g_raw, m, v = _pass1_loads(g_ptr, m_ptr, v_ptr, offs, inside, G_DTYPE, S_DTYPE,
