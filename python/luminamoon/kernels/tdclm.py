@@ -520,9 +520,10 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
                                NEED_SUM: tl.constexpr, BLOCK: tl.constexpr):
     """Per block: partial_sum = sum of u*u (NEED_SUM) and partial_bad = any non-finite grad.
 
-    The step counter is loaded with the row; a full block's elements are loaded before the
-    constants' cache slot is read (it needs the counter), and the two results are reduced
-    together at the end."""
+    The step counter is loaded with the row; where pass 1 reads 32-bit moments a full block's
+    elements are loaded before the constants' cache slot is read (it needs the counter), where
+    it draws rounding words (bf16 moments) after; the two results are reduced together at the
+    end."""
     sign, beta1, beta2, eps = _adam_scalars(sign, beta1, beta2, eps)
     pid = tl.program_id(0)
     row = tl.load(block_map + pid)
@@ -547,16 +548,23 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
     full = start + BLOCK <= numel  # (as in pass 2: the offset matters only to rounding words)
     if TILE:
         full = full & ((elem_offset & 7) == 0)
+        # the step constants before the elements where pass 1 draws rounding words (its work is
+        # bound by instructions there: 905 -> 828 us a 256M bf16 pass 1 on an H100); after the
+        # full block's loads elsewhere (bound by memory, whose loads it then issues earlier)
+        rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1, beta2, SR,
+                                           NEED_SUM)
     if full:
         g_raw, m, v = _pass1_loads(g_ptr, m_ptr, v_ptr, offs, None, G_DTYPE, S_DTYPE, NEED_SUM)
-        rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
-                                           beta2, SR, NEED_SUM)
+        if not TILE:
+            rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
+                                               beta2, SR, NEED_SUM)
         s, bad = _pass1_sums(g_raw, m, v, tl.full(offs.shape, 1, tl.int1), g0, rbc1, rbc2, key,
                              sign, beta1, beta2, eps, S_DTYPE, SR, NEED_SUM, WIDE, 1,
                              FAST_U)
     else:
-        rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
-                                           beta2, SR, NEED_SUM)
+        if not TILE:
+            rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
+                                               beta2, SR, NEED_SUM)
         if TILE:
             # in sub-tiles, as pass 2 (SUB_BLOCK)
             if (elem_offset & 7) != 0:
