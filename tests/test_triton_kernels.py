@@ -113,6 +113,34 @@ def test_skip_leaves_everything_bitwise_unchanged(clip, value):
 
 
 @in_process
+@pytest.mark.parametrize("clip", [0.0, 1.0], ids=["clip0", "clip1"])
+def test_a_small_seed_steps_as_the_reference(clip):
+    """A seed below 2**31 (the interpreter hands such a kernel argument over as 32 bits): every
+    kernel that reads it widens it before its bits are taken, so the step runs and equals the
+    reference, with the check-only pass 1 (clip 0) and the summing one alike."""
+    from luminamoon import LuminaMoon
+
+    def make():
+        return [torch.nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(i))
+                                   .to(torch.bfloat16)) for i, s in enumerate(((131,), (3, 5)))]
+
+    ps_t, ps_r = make(), make()
+    kw = dict(lr=1e-2, clip=clip, nonfinite="skip", seed=3, state_dtype=torch.bfloat16)
+    opt_t = LuminaMoon(ps_t, backend="triton", **kw)
+    opt_r = LuminaMoon(ps_r, backend="reference", **kw)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        for p, q in zip(ps_t, ps_r):
+            g = torch.randn(p.shape, generator=gen).to(torch.bfloat16)
+            p.grad, q.grad = g.clone(), g.clone()
+        opt_t.step()
+        opt_r.step()
+    for p, q in zip(ps_t, ps_r):
+        torch.testing.assert_close(p.detach(), q.detach())
+        torch.testing.assert_close(opt_t.state[p]["exp_avg"], opt_r.state[q]["exp_avg"])
+
+
+@in_process
 def test_optimizer_counts_a_skip_and_clears_its_flag_in_the_last_commit(monkeypatch):
     """LuminaMoon on the triton backend ends each step with the commit_last kernel (step
     counters, skipped_steps += flag, flag = 0): a skipped step changes nothing and is counted

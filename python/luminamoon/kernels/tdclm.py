@@ -211,7 +211,7 @@ def _pass1_constants(table, row, t, seed, param_index, beta1, beta2,
         tag, packed, cached_key = _load_step_cache(table, row, t)
         return _step_constants(tag, packed, cached_key, t, seed, param_index, beta1, beta2, SR)
     else:
-        return beta1, beta2, seed.to(tl.uint64, bitcast=True)
+        return beta1, beta2, (seed + 0).to(tl.int64).to(tl.uint64, bitcast=True)
 
 
 @triton.jit
