@@ -57,7 +57,10 @@ if has bench; then
   TAILN=25 stage bench-old 100 python3 .oldtree/benchmarks/bench_step.py --cases $CASES --impls luminamoon-triton --steps 10 --out "$OUT/bench-old.csv"
 fi
 if has sr; then
-  TAILN=30 stage bench-sr ${SR_LIMIT:-150} env PYTHONPATH="$NEW:$PWD/build/gpu-site" python3 benchmarks/bench_step.py \
+  # the peers' wheels (installed by the build stage, else here); SR_SRC: the luminamoon to import
+  # (default the build above; a tree's python/ for its Triton kernels alone)
+  [ -d build/gpu-site ] || python3 -m pip install -q --no-index --no-deps --target build/gpu-site .whl/*.whl > "$OUT/wheels.log" 2>&1
+  TAILN=30 stage bench-sr ${SR_LIMIT:-150} env PYTHONPATH="${SR_SRC:-$NEW}:$PWD/build/gpu-site" python3 benchmarks/bench_step.py \
     --cases one-256M/bf16,gpt2-124m/bf16 --modes adamw,clip,adamw-bf16m,clip-bf16m,adamw-bf16m-rne \
     --impls luminamoon-triton,torch-adamw-fused,torchao-adamw-bf16sr,optimi-adamw --steps 10 --out "$OUT/bench-sr.csv"
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu/sr_profile.sh: one GPU call on the stochastic-rounding kernels of #14's targets:
 #   ab       this tree's kernels against .prevtree's (kernel_ab.sh, ROUNDS rounds)
-#   sr       bench_step's stochastic-rounding modes beside the peers (.whl/: torchao, torch-optimi)
+#   sr       release.sh's sr stage on this tree's python/ (the SR modes beside the peers, .whl/)
 #   ncu      Nsight Compute on one step of each 16-bit-moment mode (256M bf16 elements): the
 #            passes' throughput, issue-slot use and warp stall reasons (where ncu exists)
 # Usage: scripts/gpu/sr_profile.sh [stage ...] (default: ab sr ncu); logs and CSVs under $OUT.
@@ -18,13 +18,7 @@ if has ab; then
     bash scripts/gpu/kernel_ab.sh
 fi
 if has sr; then
-  echo "=== sr ($(date +%T))"
-  python3 -m pip install -q --no-index --no-deps --target build/gpu-site .whl/*.whl > "$OUT/wheels.log" 2>&1
-  timeout "${SR_LIMIT:-170}" env PYTHONPATH="$PWD/python:$PWD/build/gpu-site" python3 benchmarks/bench_step.py \
-    --cases one-256M/bf16,gpt2-124m/bf16 --modes adamw,clip,adamw-bf16m,clip-bf16m,adamw-bf16m-rne \
-    --impls luminamoon-triton,torch-adamw-fused,torchao-adamw-bf16sr,optimi-adamw --steps 10 \
-    --out "$OUT/bench-sr.csv" > "$OUT/bench-sr.log" 2>&1; echo "    rc=$?"
-  grep -E "^(one|gpt2)" "$OUT/bench-sr.log"
+  SR_SRC=$PWD/python bash scripts/gpu/release.sh sr
 fi
 if has ncu; then
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)

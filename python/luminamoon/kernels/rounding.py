@@ -23,12 +23,17 @@ def _splitmix64(z):
 
 
 @triton.jit
+def _seed_bits(seed):
+    """The seed's 64 bits as uint64 (seed is the int64 two's complement)."""
+    # "+ 0" and the int64 cast: the interpreter hands an argument below 2**32 over as 32-bit
+    # data (int32, or uint32 typed int64), which they widen; compiled, both fold away.
+    return (seed + 0).to(tl.int64).to(tl.uint64, bitcast=True)
+
+
+@triton.jit
 def _seed_tk(seed, t, k):
     """seed_tk = splitmix64(splitmix64(seed + t) + k), uint64; seed is the int64 two's complement."""
-    # "+ 0": the interpreter hands an argument in [2**31, 2**32) over as uint32 data typed
-    # int64, which the addition widens; compiled, it folds away.
-    s = (seed + 0).to(tl.int64).to(tl.uint64, bitcast=True)
-    z = _splitmix64(s + t.to(tl.int64).to(tl.uint64, bitcast=True))
+    z = _splitmix64(_seed_bits(seed) + t.to(tl.int64).to(tl.uint64, bitcast=True))
     return _splitmix64(z + k.to(tl.int64).to(tl.uint64, bitcast=True))
 
 

@@ -28,7 +28,8 @@ from .blocks import (SUB_BLOCK, _block_layout, _elem_ptr, _is_finite, _load_f32,
                      _reduce_sum_and_max, _sub_offsets)
 from .layout import TABLE_COLS
 from .rounding import INTERPRET as _INTERPRET
-from .rounding import _seed_tk, _storage_to_f32, _to_storage  # noqa: F401  (used by kernels)
+from .rounding import (_seed_bits, _seed_tk, _storage_to_f32,  # noqa: F401  (used by kernels)
+                       _to_storage)
 from .step_constants import (_bias_corrections, _bias_reciprocals,  # noqa: F401  (used by kernels)
                              _cache_next_step_constants, _load_row, _load_step_cache,
                              _step_constants)
@@ -211,7 +212,7 @@ def _pass1_constants(table, row, t, seed, param_index, beta1, beta2,
         tag, packed, cached_key = _load_step_cache(table, row, t)
         return _step_constants(tag, packed, cached_key, t, seed, param_index, beta1, beta2, SR)
     else:
-        return beta1, beta2, (seed + 0).to(tl.int64).to(tl.uint64, bitcast=True)
+        return beta1, beta2, _seed_bits(seed)
 
 
 @triton.jit
@@ -459,9 +460,6 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
                              sign, beta1, beta2, eps, S_DTYPE, SR, NEED_SUM, WIDE, 1,
                              FAST_U)
     else:
-        if not TILE:
-            rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
-                                               beta2, SR, NEED_SUM)
         if TILE:
             # in sub-tiles, as pass 2 (SUB_BLOCK)
             if (elem_offset & 7) != 0:
@@ -473,6 +471,8 @@ def _lumina_tdclm_pass1_kernel(table, block_map, partial_sum, partial_bad, seed:
                                           rbc2, key, sign, beta1, beta2, eps, G_DTYPE, S_DTYPE,
                                           SR, NEED_SUM, WIDE, BLOCK, 1, FAST_U)
         else:
+            rbc1, rbc2, key = _pass1_constants(table, row, t, seed, param_index, beta1,
+                                               beta2, SR, NEED_SUM)
             inside = offs < numel
             g_raw, m, v = _pass1_loads(g_ptr, m_ptr, v_ptr, offs, inside, G_DTYPE, S_DTYPE,
                                        NEED_SUM)
