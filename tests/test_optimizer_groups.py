@@ -2,14 +2,16 @@
 package surface."""
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
 
-from conftest import assert_bitwise_equal, dtype_id
+from conftest import assert_bitwise_equal, dtype_id, native_available
 from luminamoon import LuminaMoon, tdclm
 from luminamoon.optimizer.backends import get_backend
 
@@ -113,6 +115,33 @@ def test_plan_is_cached_and_rebuilt_on_change():
     opt.step()
     assert opt._plan is not plan
     assert int(opt.state[a]["step"]) == 5 and int(opt.state[b]["step"]) == 3
+
+
+BACKENDS_HERE = ["reference"] + (["cpu"] if native_available() else [])
+
+
+@pytest.mark.parametrize("path", ["one call", "pass by pass"])
+@pytest.mark.parametrize("backend", BACKENDS_HERE)
+def test_a_step_keeps_no_gradient_alive(backend, path):
+    """Once a step has returned, the optimizer holds none of its gradients: dropping them
+    (zero_grad(set_to_none=True), a new backward) frees them then, not at the next step. The
+    pass-by-pass path (a GradScaler's step) and the one-call path alike."""
+    params = [torch.nn.Parameter(torch.randn(64, 8)), torch.nn.Parameter(torch.randn(8))]
+    opt = LuminaMoon(params, backend=backend, lr=1e-2, clip=1.0)
+    scaler = torch.amp.GradScaler("cpu") if path == "pass by pass" else None
+    for _ in range(2):
+        loss = sum((p * torch.randn_like(p)).sum() for p in params)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        alive = [weakref.ref(p.grad) for p in params]
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+        gc.collect()
+        assert [r() is None for r in alive] == [True, True], "a gradient outlived its step"
+    assert int(opt.state[params[0]]["step"]) == 2
 
 
 def test_plan_notices_every_change_the_step_depends_on():

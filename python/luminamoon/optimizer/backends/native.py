@@ -113,7 +113,10 @@ class CpuBackend(Backend):
             st = _CpuState(group, rows, _luminav.CpuGroup(_group_config(group), rows,
                                                           self.num_threads))
             group.cache[_CPU_CACHE] = st
-        elif group.grads is not st.seen:  # the step's first pass: its gradients
+        elif group.grads is not st.seen:
+            # the step's first pass: its gradients. (The list is held only until the step's
+            # commit, so a later step's list cannot be taken for it, and the gradients are not
+            # kept alive between steps: the next zero_grad frees them, not this step.)
             grad_ptrs = group.grad_ptrs
             if grad_ptrs is None or len(grad_ptrs) != len(group.grads):
                 grad_ptrs = tuple(map(_DATA_PTR, group.grads))
@@ -151,6 +154,7 @@ class CpuBackend(Backend):
         native = self._native(group)
         _check_flag(found_inf, "cpu")
         native.commit(found_inf.data_ptr())
+        group.cache[_CPU_CACHE].seen = None  # the step's gradients are not kept past it
 
     def step_groups(self, groups, flags, skip_flag, skipped) -> bool:
         """One C++ call for the whole step (``_luminav.cpu_step``): the Python between the
@@ -172,6 +176,7 @@ class CpuBackend(Backend):
         for st, grad_ptrs in told:
             if grad_ptrs is not None:
                 st.grad_ptrs = grad_ptrs
+            st.seen = None  # the step's gradients are not kept past it
         return True
 
 
@@ -196,7 +201,7 @@ class _CpuState:
         self.hyper, self.seed = group.hyper, int(group.seed)
         self.native = native
         self.stats = torch.zeros(max(len(rows), 1), dtype=torch.float32)[:len(rows)]
-        self.seen = group.grads
+        self.seen = group.grads  # this step's gradients, until its commit
 
     def matches(self, group: LaunchGroup) -> bool:
         lists = self.lists
