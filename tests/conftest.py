@@ -73,6 +73,11 @@ def native_available() -> bool:
     return True
 
 
+# The optimizer backends that step CPU tensors in this process (Triton's CPU rows run in the
+# interpreter's child process, test_triton_kernels.py).
+CPU_BACKENDS = ["reference"] + (["cpu"] if native_available() else [])
+
+
 def should_skip(backend: str, device: str) -> "str | None":
     """The one place a row of the backend matrix (test_backends.py) is excluded: the reason,
     or None when the row runs here. Each rule in order:"""

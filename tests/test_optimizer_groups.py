@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 
-from conftest import assert_bitwise_equal, dtype_id, native_available
+from conftest import CPU_BACKENDS, assert_bitwise_equal, dtype_id
 from luminamoon import LuminaMoon, tdclm
 from luminamoon.optimizer.backends import get_backend
 
@@ -117,11 +117,8 @@ def test_plan_is_cached_and_rebuilt_on_change():
     assert int(opt.state[a]["step"]) == 5 and int(opt.state[b]["step"]) == 3
 
 
-BACKENDS_HERE = ["reference"] + (["cpu"] if native_available() else [])
-
-
 @pytest.mark.parametrize("path", ["one call", "pass by pass"])
-@pytest.mark.parametrize("backend", BACKENDS_HERE)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_a_step_keeps_no_gradient_alive(backend, path):
     """Once a step has returned, the optimizer holds none of its gradients: dropping them
     (zero_grad(set_to_none=True), a new backward) frees them then, not at the next step. The

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import native_available
+from conftest import CPU_BACKENDS, native_available
 from luminamoon import LuminaMoon
 from luminamoon.optimizer import _plan as opt_module
 
-BACKENDS = ["reference"] + (["cpu"] if native_available() else [])
+BACKENDS = CPU_BACKENDS
 
 
 _TORCH_PTRS_EQUAL = opt_module._PTRS_EQUAL  # torch's C++ pointer comparison (CUDA builds)

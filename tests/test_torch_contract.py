@@ -18,11 +18,11 @@ import warnings
 import pytest
 import torch
 
-from conftest import native_available
+from conftest import CPU_BACKENDS, native_available
 from luminamoon import LuminaMoon
 from luminamoon.optimizer.backends.base import Backend
 
-BACKENDS = ["reference"] + (["cpu"] if native_available() else [])
+BACKENDS = CPU_BACKENDS
 
 from luminamoon.optimizer.optimizer import _TORCH_TAKES_NAMES  # noqa: E402
 

@@ -35,7 +35,6 @@ has() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; 
 
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
 if has build; then
-  python3 -m pip install -q --no-index --no-deps --target build/gpu-site .whl/*.whl > "$OUT/wheels.log" 2>&1
   CMAKE_ARGS="$deps" CMAKE_BUILD_PARALLEL_LEVEL=$J python3 -m pip install -q --no-build-isolation \
      --no-deps --target "$NEW" . > "$OUT/build-new.log" 2>&1; echo "new rc=$?"
   wait
@@ -57,7 +56,7 @@ if has bench; then
   TAILN=25 stage bench-old 100 python3 .oldtree/benchmarks/bench_step.py --cases $CASES --impls luminamoon-triton --steps 10 --out "$OUT/bench-old.csv"
 fi
 if has sr; then
-  # the peers' wheels (installed by the build stage, else here); SR_SRC: the luminamoon to import
+  # the peers' wheels (once a machine); SR_SRC: the luminamoon to import
   # (default the build above; a tree's python/ for its Triton kernels alone)
   [ -d build/gpu-site ] || python3 -m pip install -q --no-index --no-deps --target build/gpu-site .whl/*.whl > "$OUT/wheels.log" 2>&1
   TAILN=30 stage bench-sr ${SR_LIMIT:-150} env PYTHONPATH="${SR_SRC:-$NEW}:$PWD/build/gpu-site" python3 benchmarks/bench_step.py \
