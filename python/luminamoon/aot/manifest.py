@@ -16,6 +16,7 @@ import re
 import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from ..kernels.keys import KEY_CONSTEXPRS, variant_key as derive_key  # the one writer
 from . import compat
 from .cubin import CubinError, parse_cubin
 from .files import read_bundle_file
@@ -39,13 +40,6 @@ MAX_SCRATCH_BYTES = 1 << 40
 MAX_SCRATCH_ALIGN = 1 << 20
 MAX_SHARED_MEM = (1 << 31) - 1
 
-# The variant key (docs/internals.md, "Variant keys"): the kernel, the dtype codes present
-# joined (p, g, s), then these constexprs in this order, then w<num_warps>. Mirrors
-# kernels.catalog.Variant.key() (tests/test_bundle_rules.py checks every shipped variant).
-KEY_DTYPE_LETTERS = (("P_DTYPE", "p"), ("G_DTYPE", "g"), ("S_DTYPE", "s"))
-KEY_LETTERS = (("SR", "sr"), ("BOUND_MODE", "b"), ("USE_CLIP", "c"), ("CHECK_FLAG", "f"),
-               ("NEED_SUM", "n"), ("BLOCK", "B"), ("RBLOCK", "R"), ("TBLOCK", "T"))
-KEY_CONSTEXPRS = tuple(n for n, _ in KEY_DTYPE_LETTERS + KEY_LETTERS)
 
 # The manifest's type words (docs/bundle-format.md): what the runtime passes by value.
 TYPE_WORDS = compat.SCALAR_TYPE_WORDS
@@ -55,19 +49,6 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _VERSION_FORM = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})(?:[.+-][0-9A-Za-z.+_-]*)?")
 _VERSION_MAX = 64
 _FIX_REBUILD = "rebuild the bundle (luminamoon aot build)"
-
-
-def derive_key(kernel: str, constexprs: Mapping[str, int], num_warps: int) -> str:
-    """The variant key of ``kernel`` with these constexprs and warps (only the names of
-    :data:`KEY_CONSTEXPRS` appear), e.g. ``pass2.p1g1s0.sr1.b2.c1.f1.B1024.w4``."""
-    parts = [kernel]
-    dtypes = "".join(f"{letter}{constexprs[name]}" for name, letter in KEY_DTYPE_LETTERS
-                     if name in constexprs)
-    if dtypes:
-        parts.append(dtypes)
-    parts += [f"{letter}{constexprs[name]}" for name, letter in KEY_LETTERS if name in constexprs]
-    parts.append(f"w{num_warps}")
-    return ".".join(parts)
 
 
 def expected_cubin_name(key: str, arch: int) -> str:

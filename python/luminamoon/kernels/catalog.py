@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from . import tdclm
+from .keys import variant_key
 from .layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, LaunchFlags
 
 __all__ = [
@@ -121,13 +122,6 @@ COMMIT_WARPS = 4
 NUM_STAGES = 1
 
 
-_KEY_LETTERS = {
-    "SR": "sr", "BOUND_MODE": "b", "USE_CLIP": "c", "CHECK_FLAG": "f", "NEED_SUM": "n",
-    "BLOCK": "B", "RBLOCK": "R", "TBLOCK": "T",
-}
-_DTYPE_LETTERS = (("P_DTYPE", "p"), ("G_DTYPE", "g"), ("S_DTYPE", "s"))
-
-
 def _spec_of(kernel: str) -> KernelSpec:
     spec = KERNEL_SPECS.get(kernel)
     return spec if spec is not None else JIT_ONLY_KERNEL_SPECS[kernel]
@@ -149,17 +143,7 @@ class Variant:
         Order: kernel, the dtype codes present (p, g, s) joined, then sr, b, c, f, n, B, R, T in
         that order for the constexprs the kernel takes, then w (num_warps).
         """
-        cx = dict(self.constexprs)
-        parts = [self.kernel]
-        dtypes = "".join(f"{letter}{cx[name]}" for name, letter in _DTYPE_LETTERS if name in cx)
-        if dtypes:
-            parts.append(dtypes)
-        for name in ("SR", "BOUND_MODE", "USE_CLIP", "CHECK_FLAG", "NEED_SUM", "BLOCK", "RBLOCK",
-                     "TBLOCK"):
-            if name in cx:
-                parts.append(f"{_KEY_LETTERS[name]}{cx[name]}")
-        parts.append(f"w{self.num_warps}")
-        return ".".join(parts)
+        return variant_key(self.kernel, dict(self.constexprs), self.num_warps)
 
     @property
     def spec(self) -> KernelSpec:

@@ -8,29 +8,41 @@ and ahead of time.
 import triton
 import triton.language as tl
 
-from .layout import COL_CACHE, TABLE_COLS
+from . import layout
 from .rounding import _seed_tk
 
-# Table layout (kernels/layout.py) as constexprs the kernels index with.
-_TC: tl.constexpr = tl.constexpr(TABLE_COLS)
-_CC: tl.constexpr = tl.constexpr(COL_CACHE)
+# Table layout (kernels/layout.py) as constexprs the kernels index with: the row width and
+# every column by its name.
+_TC: tl.constexpr = tl.constexpr(layout.TABLE_COLS)
+_CC: tl.constexpr = tl.constexpr(layout.COL_CACHE)
+_C_PARAM: tl.constexpr = tl.constexpr(layout.COL_PARAM)
+_C_GRAD: tl.constexpr = tl.constexpr(layout.COL_GRAD)
+_C_EXP_AVG: tl.constexpr = tl.constexpr(layout.COL_EXP_AVG)
+_C_EXP_AVG_SQ: tl.constexpr = tl.constexpr(layout.COL_EXP_AVG_SQ)
+_C_P_INIT: tl.constexpr = tl.constexpr(layout.COL_P_INIT)
+_C_STEP: tl.constexpr = tl.constexpr(layout.COL_STEP)
+_C_NUMEL: tl.constexpr = tl.constexpr(layout.COL_NUMEL)
+_C_BLOCK_START: tl.constexpr = tl.constexpr(layout.COL_BLOCK_START)
+_C_ELEM_OFFSET: tl.constexpr = tl.constexpr(layout.COL_ELEM_OFFSET)
+_C_PARAM_INDEX: tl.constexpr = tl.constexpr(layout.COL_PARAM_INDEX)
+_C_GLOBAL_NUMEL: tl.constexpr = tl.constexpr(layout.COL_GLOBAL_NUMEL)
 
 
 @triton.jit
 def _load_row(table, row):
     """The 11 host-written columns of table row ``row`` (int64 values)."""
     base = table + row.to(tl.int64) * _TC
-    param = tl.load(base + 0)
-    grad = tl.load(base + 1)
-    exp_avg = tl.load(base + 2)
-    exp_avg_sq = tl.load(base + 3)
-    p_init = tl.load(base + 4)
-    step = tl.load(base + 5)
-    numel = tl.load(base + 6)
-    block_start = tl.load(base + 7)
-    elem_offset = tl.load(base + 8)
-    param_index = tl.load(base + 9)
-    global_numel = tl.load(base + 10)
+    param = tl.load(base + _C_PARAM)
+    grad = tl.load(base + _C_GRAD)
+    exp_avg = tl.load(base + _C_EXP_AVG)
+    exp_avg_sq = tl.load(base + _C_EXP_AVG_SQ)
+    p_init = tl.load(base + _C_P_INIT)
+    step = tl.load(base + _C_STEP)
+    numel = tl.load(base + _C_NUMEL)
+    block_start = tl.load(base + _C_BLOCK_START)
+    elem_offset = tl.load(base + _C_ELEM_OFFSET)
+    param_index = tl.load(base + _C_PARAM_INDEX)
+    global_numel = tl.load(base + _C_GLOBAL_NUMEL)
     return (param, grad, exp_avg, exp_avg_sq, p_init, step, numel, block_start, elem_offset,
             param_index, global_numel)
 

@@ -26,13 +26,12 @@ import triton.language as tl
 
 from .blocks import (SUB_BLOCK, _block_layout, _elem_ptr, _is_finite, _load_f32,
                      _reduce_sum_and_max, _sub_offsets)
-from .layout import TABLE_COLS
 from .rounding import INTERPRET as _INTERPRET
 from .rounding import (_seed_bits, _seed_tk, _storage_to_f32,  # noqa: F401  (used by kernels)
                        _to_storage)
-from .step_constants import (_bias_corrections, _bias_reciprocals,  # noqa: F401  (used by kernels)
-                             _cache_next_step_constants, _load_row, _load_step_cache,
-                             _step_constants)
+from .step_constants import (_C_BLOCK_START, _C_NUMEL, _C_STEP, _TC,  # noqa: F401
+                             _bias_corrections, _bias_reciprocals, _cache_next_step_constants,
+                             _load_row, _load_step_cache, _step_constants)
 
 # ----------------------------------------------------------------------------------------------
 # tanh: chosen once, here, at import; the AOT builder compiles these same functions, so JIT and
@@ -97,8 +96,6 @@ else:
         return tl.load(found_inf) == 0
 
 
-# Table layout (kernels/layout.py) as constexprs the kernels index with.
-_TC: tl.constexpr = tl.constexpr(TABLE_COLS)
 
 # ----------------------------------------------------------------------------------------------
 # Shared @triton.jit helpers
@@ -489,8 +486,8 @@ def _lumina_tdclm_reduce_kernel(table, partial_sum, partial_bad, stats, found_in
     """stats[j] = S_j from tensor j's partials in a fixed order; raises found_inf (int atomic)."""
     j = tl.program_id(0)
     base = table + j.to(tl.int64) * _TC
-    numel = tl.load(base + 6)
-    block_start = tl.load(base + 7)
+    numel = tl.load(base + _C_NUMEL)
+    block_start = tl.load(base + _C_BLOCK_START)
     nblk = (numel + BLOCK - 1) // BLOCK
     acc = tl.zeros([RBLOCK], dtype=tl.float32)
     bad = tl.zeros([RBLOCK], dtype=tl.int32)
@@ -546,7 +543,7 @@ def _add_to_step_counters(table, inc, ntensors, TBLOCK: tl.constexpr):
     while c < ntensors:
         j = c + tl.arange(0, TBLOCK)
         msk = j < ntensors
-        addr = tl.load(table + j.to(tl.int64) * _TC + 5, mask=msk, other=0)
+        addr = tl.load(table + j.to(tl.int64) * _TC + _C_STEP, mask=msk, other=0)
         ptr = addr.to(tl.pointer_type(tl.int64))
         cur = tl.load(ptr, mask=msk, other=0)
         tl.store(ptr, cur + inc, mask=msk)
