@@ -106,7 +106,7 @@ else:
     plan.release_grads()
     T["plan"] = time.monotonic()
     if case == "aot":
-        from luminamoon.optimizer.backends import native
+        from luminamoon.optimizer.backends import aot as native
         real = native._luminav.AotGroup
         def timed(*a, **k):
             t = time.monotonic()

@@ -1,7 +1,7 @@
 """Sweeps the Triton kernels' launch shapes (BLOCK, num_warps, reduce RBLOCK) on one large
 tensor and prints device time per step for each, per mode and dtype mix.
 
-The shapes live in luminamoon.optimizer.gpu_backend (ELEMENTWISE_BLOCK/WARPS, REDUCE_RBLOCK/
+The shapes live in luminamoon.kernels.catalog (ELEMENTWISE_BLOCK/WARPS, REDUCE_RBLOCK/
 WARPS); this script sets them before building each optimizer. Results feed the comments there.
 Run: PYTHONPATH=python python benchmarks/tune_launch.py [--numel N] [--out CSV]
 """

@@ -35,10 +35,10 @@ def _backend(name: str, request):
 
         return TritonBackend()
     if name == "cpu":
-        from luminamoon.optimizer.backends.native import CpuBackend
+        from luminamoon.optimizer.backends.cpu import CpuBackend
 
         return CpuBackend()
-    from luminamoon.optimizer.backends.native import AotBackend
+    from luminamoon.optimizer.backends.aot import AotBackend
 
     return AotBackend(request.getfixturevalue("aot_bundle"))
 

@@ -28,12 +28,9 @@ COMBOS = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
           (torch.float32, torch.bfloat16)]
 
 
-def _config(p, s, clip, bound_mode, nonfinite, sr):
+def _config(p, s, hyper):
     return _luminav.GroupConfig(
-        param_dtype=layout.DTYPE_CODES[p], grad_dtype=layout.DTYPE_CODES[p],
-        state_dtype=layout.DTYPE_CODES[s], beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-        clip=clip, bound_mode=bound_mode, bound=1.0, maximize=False,
-        nonfinite=layout.NONFINITE_CODES[nonfinite], stochastic_rounding=sr, seed=0)
+        (layout.DTYPE_CODES[p], layout.DTYPE_CODES[p], layout.DTYPE_CODES[s]), hyper, 0)
 
 
 def test_variant_keys():
@@ -45,7 +42,7 @@ def test_variant_keys():
                       stochastic_rounding=sr)
         theirs = {k: v.key() for k, v in
                   catalog.variants_for(p, p, s, launch_flags(p, s, hyper)).items()}
-        ours = _luminav.variant_keys(_config(p, s, clip, bound_mode, nonfinite, sr))
+        ours = _luminav.variant_keys(_config(p, s, hyper))
         assert ours == theirs
 
 

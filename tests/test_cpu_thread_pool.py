@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not native_available(), reason="the native modul
 _RUN = textwrap.dedent("""
     import hashlib, os, sys, torch
     from luminamoon import LuminaMoon
-    from luminamoon.optimizer.backends.native import CpuBackend
+    from luminamoon.optimizer.backends.cpu import CpuBackend
     threads = int(os.environ.get("LUMINAMOON_TEST_THREADS", "0"))  # 0: the backend's default
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s).to(torch.bfloat16))

@@ -113,7 +113,7 @@ def test_the_step_time_table_includes_the_cpu_engine_where_it_is_built(quick_dem
 
 def test_threads_option_reaches_the_native_cpu_engine():
     """`--threads N` gives LuminaMoon's cpu engine N threads (not silently the default)."""
-    native = pytest.importorskip("luminamoon.optimizer.backends.native",
+    native = pytest.importorskip("luminamoon.optimizer.backends.cpu",
                                  reason="the compiled cpu engine")
     import torch
 

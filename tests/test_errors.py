@@ -138,7 +138,7 @@ def test_sparse_gradient_refused_before_any_change():
 
 
 def test_explicit_backend_that_cannot_load(monkeypatch, clean_backend_cache):
-    monkeypatch.setitem(sys.modules, "luminamoon.optimizer.backends.native", None)  # import fails
+    monkeypatch.setitem(sys.modules, "luminamoon.optimizer.backends.cpu", None)  # import fails
     with pytest.raises(BackendUnavailableError, match=r"backend 'cpu' is unavailable.*build the native module"):
         get_backend("cpu", "cpu")
     p = torch.nn.Parameter(torch.ones(2))

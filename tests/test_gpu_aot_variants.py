@@ -1,7 +1,7 @@
 """Every variant of an AOT bundle runs, through ``LuminaMoon(backend="aot")``, and equals the
 Triton JIT (``backend="triton"``) bitwise.
 
-One bundle is built with exactly ``gpu_backend.all_variants(DEFAULT_DTYPE_COMBOS)`` for this
+One bundle is built with exactly ``catalog.all_variants(DEFAULT_DTYPE_COMBOS)`` for this
 GPU. Each update variant (``pass2`` / ``single_pass``) is mapped back to the optimizer
 configuration that launches it (param/grad/state dtypes, stochastic rounding, bound mode,
 clip on or off, nonfinite "skip" or "propagate"); the configuration then runs 3 steps on both
@@ -36,7 +36,7 @@ _luminav = pytest.importorskip("luminamoon._luminav", reason="the native module 
 
 from luminamoon.optimizer import LuminaMoon  # noqa: E402
 from luminamoon.kernels import catalog  # noqa: E402
-from luminamoon.optimizer._groups import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES  # noqa: E402
+from luminamoon.optimizer._groups import BOUND_MODES, DTYPE_CODES, Hyper  # noqa: E402
 from luminamoon.optimizer._validation import make_hyper  # noqa: E402
 
 COMBOS = list(catalog.DEFAULT_DTYPE_COMBOS)
@@ -90,12 +90,12 @@ class Config:
 
     def engine_keys(self) -> Dict[str, str]:
         """The variant keys the C++ engine (the aot backend) launches for this configuration."""
+        hyper = Hyper(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, clip=float(self.clip),
+                      bound_mode=BOUND_MODES[self.bound_mode], bound=1.0, maximize=False,
+                      nonfinite=self.nonfinite, stochastic_rounding=self.stochastic_rounding)
         return dict(_luminav.variant_keys(_luminav.GroupConfig(
-            param_dtype=DTYPE_CODES[self.param_dtype], grad_dtype=DTYPE_CODES[self.grad_dtype],
-            state_dtype=DTYPE_CODES[self.state_dtype], beta1=0.9, beta2=0.999, eps=1e-8,
-            weight_decay=0.0, clip=float(self.clip), bound_mode=BOUND_MODES[self.bound_mode],
-            bound=1.0, maximize=False, nonfinite=NONFINITE_POLICIES.index(self.nonfinite),
-            stochastic_rounding=self.stochastic_rounding, seed=0)))
+            (DTYPE_CODES[self.param_dtype], DTYPE_CODES[self.grad_dtype],
+             DTYPE_CODES[self.state_dtype]), hyper, 0)))
 
 
 def config_for(v: catalog.Variant) -> Config:

@@ -2,6 +2,7 @@
 luminamoon.optimizer.rng, determinism across thread counts, and checkpoint/resume."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -15,7 +16,7 @@ _luminav = pytest.importorskip("luminamoon._luminav", reason="the native module 
 from luminamoon.optimizer import LuminaMoon  # noqa: E402
 from luminamoon.optimizer import rng  # noqa: E402
 from luminamoon.optimizer._groups import DTYPE_CODES, Hyper, LaunchGroup  # noqa: E402
-from luminamoon.optimizer.backends.native import CpuBackend  # noqa: E402
+from luminamoon.optimizer.backends.cpu import CpuBackend  # noqa: E402
 
 pytestmark = pytest.mark.native
 
@@ -231,15 +232,17 @@ def test_checkpoint_resume_is_bitwise():
 def test_bad_input_is_refused_with_the_value():
     with pytest.raises(ValueError, match="num_threads must be >= 0"):
         CpuBackend(num_threads=-1)
-    config = dict(param_dtype=0, grad_dtype=0, state_dtype=0, beta1=0.9, beta2=0.9, eps=1e-8,
-                  weight_decay=0.0, clip=0.0, bound_mode=0, bound=1.0, maximize=False,
-                  nonfinite=0, stochastic_rounding=False, seed=0)
+    hyper = Hyper(beta1=0.9, beta2=0.9, eps=1e-8, weight_decay=0.0, clip=0.0, bound_mode=0,
+                  bound=1.0, maximize=False, nonfinite="skip", stochastic_rounding=False)
     with pytest.raises(ValueError, match="beta1 must be in \\[0, 1\\), got 1.5"):
-        _luminav.GroupConfig(**dict(config, beta1=1.5))
+        _luminav.GroupConfig((0, 0, 0), dataclasses.replace(hyper, beta1=1.5), 0)
     with pytest.raises(ValueError, match="param_dtype must be a dtype code"):
-        _luminav.GroupConfig(**dict(config, param_dtype=5))
+        _luminav.GroupConfig((5, 0, 0), hyper, 0)
+    with pytest.raises(ValueError, match='nonfinite must be "skip", "raise" or "propagate", '
+                                         'got "sometimes"'):
+        _luminav.GroupConfig((0, 0, 0), dataclasses.replace(hyper, nonfinite="sometimes"), 0)
     with pytest.raises(ValueError, match="lr must be finite in float32"):
-        _luminav.CpuGroup(_luminav.GroupConfig(**config), []).pass2(1e39, 0, 0)
+        _luminav.CpuGroup(_luminav.GroupConfig((0, 0, 0), hyper, 0), []).pass2(1e39, 0, 0)
 
 
 # ---------------------------------------------------------------------------- vector widths

@@ -253,8 +253,9 @@ def test_import_does_nothing_but_define():
     code = (
         "import sys, torch\n"
         "import luminamoon\n"
-        "loaded = [m for m in ('triton', 'luminamoon._luminav', 'luminamoon.optimizer.gpu_backend',"
-        " 'luminamoon.optimizer.backends.native', 'luminamoon.optimizer.backends.triton',"
+        "loaded = [m for m in ('triton', 'luminamoon._luminav',"
+        " 'luminamoon.optimizer.backends.cpu', 'luminamoon.optimizer.backends.aot',"
+        " 'luminamoon.optimizer.backends._native', 'luminamoon.optimizer.backends.triton',"
         " 'luminamoon.kernels.tdclm', 'luminamoon.kernels.catalog') if m in sys.modules]\n"
         "print(loaded, torch.cuda.is_initialized())\n"
     )

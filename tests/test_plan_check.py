@@ -178,11 +178,11 @@ def test_vouched_gradients_are_not_checked_again_by_the_backend(check, monkeypat
     has checked their layout (test_a_gradient_of_another_layout_rebuilds_the_plan: one it cannot
     read rebuilds it), so the cpu backend only takes their addresses; the results are the
     reference's."""
-    from luminamoon.optimizer.backends import native
+    from luminamoon.optimizer.backends import _tables
 
     calls = []
-    real = native._IS_CONTIGUOUS
-    monkeypatch.setattr(native, "_IS_CONTIGUOUS", lambda t: calls.append(1) or real(t))
+    real = _tables._IS_CONTIGUOUS
+    monkeypatch.setattr(_tables, "_IS_CONTIGUOUS", lambda t: calls.append(1) or real(t))
     params = [torch.nn.Parameter(torch.randn(n)) for n in (5, 300, 17)]
     twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
     opt = LuminaMoon(params, backend="cpu", seed=4)

@@ -486,7 +486,7 @@ def test_a_keyboard_interrupt_during_the_launches_waits_for_the_step_to_be_whole
 def test_a_keyboard_interrupt_during_the_cpu_backends_one_call_step_waits_for_its_end(
         monkeypatch):
     from luminamoon import _luminav
-    from luminamoon.optimizer.backends import native
+    from luminamoon.optimizer.backends import cpu
 
     real = _luminav.cpu_step
     libc = ctypes.CDLL(None)
@@ -502,7 +502,7 @@ def test_a_keyboard_interrupt_during_the_cpu_backends_one_call_step_waits_for_it
         any(map(operator.call, [functools.partial(libc.kill, os.getpid(), signal.SIGINT),
                                 functools.partial(real, *args)]))
 
-    monkeypatch.setattr(native._luminav, "cpu_step", signalled_step)
+    monkeypatch.setattr(cpu._luminav, "cpu_step", signalled_step)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         model = _model()

@@ -81,6 +81,24 @@ void set_bundle_error(const luminav::BundleError& e) {
   Py_DECREF(cls);
 }
 
+// The one reader of Python's hyperparameter record (optimizer/_groups.py, Hyper): each field of
+// engine/engine.h's Hyper by its name, bound_mode as its code, nonfinite as its name. lr and
+// state_dtype are not part of it (make_config sets them).
+luminav::Hyper hyper_from(nb::handle h) {
+  luminav::Hyper out;
+  out.beta1 = nb::cast<double>(h.attr("beta1"));
+  out.beta2 = nb::cast<double>(h.attr("beta2"));
+  out.eps = nb::cast<double>(h.attr("eps"));
+  out.weight_decay = nb::cast<double>(h.attr("weight_decay"));
+  out.clip = nb::cast<double>(h.attr("clip"));
+  out.bound_mode = luminav::bound_mode_from_int(nb::cast<int>(h.attr("bound_mode")));
+  out.bound = nb::cast<double>(h.attr("bound"));
+  out.maximize = nb::cast<bool>(h.attr("maximize"));
+  out.nonfinite = luminav::nonfinite_from_name(nb::cast<std::string>(h.attr("nonfinite")));
+  out.stochastic_rounding = nb::cast<bool>(h.attr("stochastic_rounding"));
+  return out;
+}
+
 nb::dict kernel_dict(const luminav::KernelMetadata& k) {
   nb::dict d;
   d["key"] = k.key;
@@ -197,31 +215,16 @@ NB_MODULE(_luminav, m) {
      "Writes R(i, stream) for i in [first, first + count) into `count` uint32 words at address `out`.");
 
   nb::class_<GroupConfig>(m, "GroupConfig",
-                          "A launch group's constants (lr excluded): dtype codes, hyperparameters, seed. Validated "
-                          "on construction; read-only.")
-      .def("__init__", [](GroupConfig* self, int param_dtype, int grad_dtype, int state_dtype, double beta1,
-                          double beta2, double eps, double weight_decay, double clip, int bound_mode, double bound,
-                          bool maximize, int nonfinite, bool stochastic_rounding, std::uint64_t seed) {
-             new (self) GroupConfig(luminav::make_config(param_dtype, grad_dtype, state_dtype, beta1, beta2, eps,
-                                                         weight_decay, clip, bound_mode, bound, maximize, nonfinite,
-                                                         stochastic_rounding, seed));
+                          "A launch group's constants (lr excluded): the (param, grad, state) dtype codes, the "
+                          "hyperparameter record (luminamoon.optimizer._groups.Hyper) and the seed. Validated on "
+                          "construction.")
+      .def("__init__",
+           [](GroupConfig* self, const std::tuple<int, int, int>& dtypes, nb::handle hyper, std::uint64_t seed) {
+             const luminav::Hyper h = hyper_from(hyper);
+             new (self) GroupConfig(
+                 luminav::make_config(std::get<0>(dtypes), std::get<1>(dtypes), std::get<2>(dtypes), h, seed));
            },
-           nb::kw_only(), "param_dtype"_a, "grad_dtype"_a, "state_dtype"_a, "beta1"_a, "beta2"_a, "eps"_a,
-           "weight_decay"_a, "clip"_a, "bound_mode"_a, "bound"_a, "maximize"_a, "nonfinite"_a,
-           "stochastic_rounding"_a, "seed"_a)
-      .def_prop_ro("param_dtype", [](const GroupConfig& c) { return static_cast<int>(c.param_dtype); })
-      .def_prop_ro("grad_dtype", [](const GroupConfig& c) { return static_cast<int>(c.grad_dtype); })
-      .def_prop_ro("state_dtype", [](const GroupConfig& c) { return static_cast<int>(c.state_dtype); })
-      .def_prop_ro("beta1", [](const GroupConfig& c) { return c.hyper.beta1; })
-      .def_prop_ro("beta2", [](const GroupConfig& c) { return c.hyper.beta2; })
-      .def_prop_ro("eps", [](const GroupConfig& c) { return c.hyper.eps; })
-      .def_prop_ro("weight_decay", [](const GroupConfig& c) { return c.hyper.weight_decay; })
-      .def_prop_ro("clip", [](const GroupConfig& c) { return c.hyper.clip; })
-      .def_prop_ro("bound_mode", [](const GroupConfig& c) { return static_cast<int>(c.hyper.bound_mode); })
-      .def_prop_ro("bound", [](const GroupConfig& c) { return c.hyper.bound; })
-      .def_prop_ro("maximize", [](const GroupConfig& c) { return c.hyper.maximize; })
-      .def_prop_ro("nonfinite", [](const GroupConfig& c) { return static_cast<int>(c.hyper.nonfinite); })
-      .def_prop_ro("stochastic_rounding", [](const GroupConfig& c) { return c.hyper.stochastic_rounding; })
+           "dtypes"_a, "hyper"_a, "seed"_a)
       .def_prop_ro("seed", [](const GroupConfig& c) { return c.seed; });
 
   nb::class_<CpuGroup>(m, "CpuGroup", "A launch group of the cpu backend (docs/internals.md, run on CPU threads).")

@@ -50,6 +50,12 @@ DType dtype_from_int(int code, const char* what) {
 }
 BoundMode bound_mode_from_int(int code) { return from_int<BoundMode>(code, kBoundModeNames, "bound_mode must be "); }
 NonFinite nonfinite_from_int(int code) { return from_int<NonFinite>(code, kNonFiniteNames, "nonfinite must be "); }
+NonFinite nonfinite_from_name(const std::string& name) {
+  for (NonFinite n : kNonFinites) {
+    if (name == nonfinite_name(n)) return n;
+  }
+  throw Error(Status::kInvalidArgument, "nonfinite must be \"skip\", \"raise\" or \"propagate\", got \"" + name + "\"");
+}
 
 namespace {
 

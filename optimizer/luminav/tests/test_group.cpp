@@ -42,8 +42,25 @@ void expect_refused(Fn&& fn, Status status, const std::string& message) {
   }
 }
 
+// The record Python hands over (optimizer/_groups.py, Hyper): every field but lr and state_dtype.
+Hyper hyper(double beta1, double clip, int bound_mode, double bound, int nonfinite, bool sr, double weight_decay = 0.01,
+            double beta2 = 0.999, double eps = 1e-8, bool maximize = false) {
+  Hyper h;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.eps = eps;
+  h.weight_decay = weight_decay;
+  h.clip = clip;
+  h.bound_mode = luminav::bound_mode_from_int(bound_mode);
+  h.bound = bound;
+  h.maximize = maximize;
+  h.nonfinite = luminav::nonfinite_from_int(nonfinite);
+  h.stochastic_rounding = sr;
+  return h;
+}
+
 GroupConfig default_config(int bound_mode = 0) {
-  return luminav::make_config(0, 0, 0, 0.9, 0.999, 1e-8, 0.01, 1.0, bound_mode, 0.5, false, 0, false, 7);
+  return luminav::make_config(0, 0, 0, hyper(0.9, 1.0, bound_mode, 0.5, 0, false), 7);
 }
 
 std::uintptr_t addr(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
@@ -61,7 +78,7 @@ struct HostTensor {
 };
 
 TEST(MakeConfig, CopiesTheValuesAndValidatesThem) {
-  const GroupConfig c = luminav::make_config(1, 2, 1, 0.8, 0.99, 1e-6, 0.1, 2.0, 2, 0.25, true, 2, true, 42);
+  const GroupConfig c = luminav::make_config(1, 2, 1, hyper(0.8, 2.0, 2, 0.25, 2, true, 0.1, 0.99, 1e-6, true), 42);
   EXPECT_EQ(c.param_dtype, luminav::DType::kBFloat16);
   EXPECT_EQ(c.grad_dtype, luminav::DType::kFloat16);
   EXPECT_EQ(c.state_dtype, luminav::DType::kBFloat16);
@@ -73,7 +90,7 @@ TEST(MakeConfig, CopiesTheValuesAndValidatesThem) {
   EXPECT_EQ(c.hyper.lr, 0.0);  // lr comes with each step
   EXPECT_EQ(c.seed, 42u);
   auto config = [](int p, double beta1, int bound_mode, int nonfinite, int state) {
-    return [=] { luminav::make_config(p, 0, state, beta1, 0.999, 1e-8, 0.0, 0.0, bound_mode, 1.0, false, nonfinite, false, 0); };
+    return [=] { luminav::make_config(p, 0, state, hyper(beta1, 0.0, bound_mode, 1.0, nonfinite, false, 0.0), 0); };
   };
   expect_refused(config(5, 0.9, 0, 0, 0), Status::kInvalidArgument,
                  "param_dtype must be a dtype code 0 (float32), 1 (bfloat16) or 2 (float16), got 5");
@@ -81,6 +98,8 @@ TEST(MakeConfig, CopiesTheValuesAndValidatesThem) {
   expect_refused(config(0, 0.9, 3, 0, 0), Status::kInvalidArgument, "bound_mode must be 0 (none), 1 (abs) or 2 (rel), got 3");
   expect_refused(config(0, 0.9, 0, -1, 0), Status::kInvalidArgument,
                  "nonfinite must be 0 (skip), 1 (raise) or 2 (propagate), got -1");
+  expect_refused([] { luminav::nonfinite_from_name("sometimes"); }, Status::kInvalidArgument,
+                 "nonfinite must be \"skip\", \"raise\" or \"propagate\", got \"sometimes\"");
   expect_refused(config(0, 0.9, 0, 0, 2), Status::kInvalidArgument, "state_dtype must be float32 (0) or bfloat16 (1), got float16 (2)");
 }
 
@@ -167,7 +186,7 @@ TEST(CpuStep, IsTheGroupsPassesInOneCallAndCountsASkip) {
   // two groups, both with nonfinite "skip" (code 0), one flag; a third that propagates (code 2)
   // with a scratch flag of its own
   const GroupConfig skip = default_config();
-  const GroupConfig propagate = luminav::make_config(0, 0, 0, 0.9, 0.999, 1e-8, 0.01, 0.0, 0, 1.0, false, 2, false, 7);
+  const GroupConfig propagate = luminav::make_config(0, 0, 0, hyper(0.9, 0.0, 0, 1.0, 2, false), 7);
   HostTensor a(3000), b(5), c(40);
   HostTensor ref_a(3000), ref_b(5), ref_c(40);
   CpuGroup g1(skip, {a.row(0)}, 2), g2(skip, {b.row(1)}, 2), g3(propagate, {c.row(2)}, 2);

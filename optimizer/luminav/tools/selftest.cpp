@@ -35,38 +35,29 @@ struct UpdateVariant {
   bool check_flag = false;
 };
 
-// The update variants of a bundle: pass2.p<P>g<G>s<S>.sr<SR>.b<B>.c<C>.f<F>.B…w… and
-// single_pass.p<P>g<G>s<S>.sr<SR>.b<B>.B…w… (docs/internals.md "Variant keys").
-std::optional<UpdateVariant> update_variant(const std::string& key) {
-  std::vector<std::string> parts;
-  std::stringstream ss(key);
-  for (std::string part; std::getline(ss, part, '.');) parts.push_back(part);
-  const bool pass2 = !parts.empty() && parts[0] == "pass2";
-  const bool single = !parts.empty() && parts[0] == "single_pass";
-  if (!(pass2 || single) || parts.size() < (pass2 ? 6u : 4u)) return std::nullopt;
-  const std::string& d = parts[1];
-  if (d.size() != 6 || d[0] != 'p' || d[2] != 'g' || d[4] != 's') return std::nullopt;
-  auto dtype = [](char c) -> std::optional<DType> {
-    if (c < '0' || c > '2') return std::nullopt;
-    return static_cast<DType>(c - '0');
+// The update variants of a bundle (its pass2 and single_pass kernels), read from each kernel's
+// constexprs (P_DTYPE, G_DTYPE, S_DTYPE, SR, BOUND_MODE, USE_CLIP, CHECK_FLAG: the names the kernels
+// take, docs/bundle-format.md); a kernel whose values are not codes this engine knows is left out.
+std::optional<UpdateVariant> update_variant(const KernelMetadata& k) {
+  const bool pass2 = k.kernel == "pass2";
+  if (!pass2 && k.kernel != "single_pass") return std::nullopt;
+  auto value = [&](const char* name, std::int64_t max) -> std::optional<int> {
+    auto it = k.constexprs.find(name);
+    if (it == k.constexprs.end() || it->second < 0 || it->second > max) return std::nullopt;
+    return static_cast<int>(it->second);
   };
-  auto flag = [](const std::string& part, const char* prefix) -> std::optional<int> {
-    const std::size_t n = std::strlen(prefix);
-    if (part.size() != n + 1 || part.compare(0, n, prefix) != 0 || part[n] < '0' || part[n] > '2') return std::nullopt;
-    return part[n] - '0';
-  };
-  UpdateVariant v;
-  v.key = key;
-  const auto p = dtype(d[1]), g = dtype(d[3]), s = dtype(d[5]);
-  const auto sr = flag(parts[2], "sr"), b = flag(parts[3], "b");
+  const auto p = value("P_DTYPE", 2), g = value("G_DTYPE", 2), s = value("S_DTYPE", 2);
+  const auto sr = value("SR", 1), b = value("BOUND_MODE", 2);
   if (!p || !g || !s || !sr || !b) return std::nullopt;
-  v.p = *p;
-  v.g = *g;
-  v.s = *s;
+  UpdateVariant v;
+  v.key = k.key;
+  v.p = static_cast<DType>(*p);
+  v.g = static_cast<DType>(*g);
+  v.s = static_cast<DType>(*s);
   v.sr = *sr == 1;
   v.bound = static_cast<BoundMode>(*b);
   if (pass2) {
-    const auto c = flag(parts[4], "c"), f = flag(parts[5], "f");
+    const auto c = value("USE_CLIP", 1), f = value("CHECK_FLAG", 1);
     if (!c || !f) return std::nullopt;
     v.clip = *c == 1;
     v.check_flag = *f == 1;
@@ -316,7 +307,7 @@ int run_selftest(const BundleOptions& o) {
   std::map<std::string, UpdateVariant> variants;
   for (const auto& k : manifest.kernels()) {
     if (!k.runs_on(major, minor)) continue;
-    if (auto v = update_variant(k.key)) variants.emplace(k.key, *v);
+    if (auto v = update_variant(k)) variants.emplace(k.key, *v);
   }
   if (variants.empty()) {
     std::cout << "FAIL no pass2/single_pass variant of this bundle runs on device " << o.device << " (sm_" << major

@@ -20,7 +20,7 @@ def cpu_engine_backend():
     """The compiled CPU engine's backend class, or None where the native module is not built:
     the one place the demo looks for it (the step panel's rows and ``--threads`` both ask)."""
     try:
-        from ..optimizer.backends.native import CpuBackend
+        from ..optimizer.backends.cpu import CpuBackend
     except ImportError:
         return None
     return CpuBackend

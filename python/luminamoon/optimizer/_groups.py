@@ -15,7 +15,7 @@ import torch
 
 from ..kernels.layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, LaunchFlags  # noqa: F401
 from ._dtensor import local_tensor, shard_layout
-from .layout import DIRECT, FLAT, STAGED, flat_view, layout_mode
+from .memory_layout import DIRECT, FLAT, STAGED, flat_view, layout_mode
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
 
     Every tensor a group hands its backend is contiguous: a tensor of another layout enters as
     a flat view of its memory or, where that would change the result, as a contiguous buffer
-    the step fills and writes back (optimizer/layout.py)."""
+    the step fills and writes back (optimizer/memory_layout.py)."""
     buckets: Dict[tuple, Tuple[LaunchGroup, List[torch.Tensor]]] = {}
     for t in tensors:
         layout = shard_layout(t.param, t.name)

@@ -23,7 +23,7 @@ import torch
 
 from ._dtensor import is_dtensor, local_tensor
 from ._validation import torch_flags, validate_hyperparameters, validate_seed
-from .layout import state_like
+from .memory_layout import state_like
 
 __all__ = ["load", "Loaded"]
 

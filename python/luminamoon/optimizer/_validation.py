@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ._groups import BOUND_MODES, NONFINITE_POLICIES, Hyper
+from .backends.base import BACKEND_NAMES, Backend
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "clip", "bound_mode", "bound", "maximize",
@@ -142,9 +143,6 @@ def validate_seed(seed: Any) -> None:
 
 
 def validate_backend(backend: Any) -> None:
-    from .backends import BACKEND_NAMES
-    from .backends.base import Backend
-
     if isinstance(backend, Backend):
         return
     if backend not in BACKEND_NAMES:

@@ -35,7 +35,7 @@ from ._validation import (
     validate_seed,
 )
 from .backends import aot_bundle_dir, select_backend
-from .layout import state_like
+from .memory_layout import state_like
 
 __all__ = ["LuminaMoon"]
 

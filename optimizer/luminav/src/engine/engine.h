@@ -38,6 +38,7 @@ const char* nonfinite_name(NonFinite n) noexcept;    // "skip", "raise", "propag
 DType dtype_from_int(int code, const char* what);    // throws kInvalidArgument naming `what`
 BoundMode bound_mode_from_int(int code);
 NonFinite nonfinite_from_int(int code);
+NonFinite nonfinite_from_name(const std::string& name);  // Python's "skip", "raise", "propagate"
 
 // Hyperparameters of one param group (docs/tdclm.md table). lr may change every step.
 struct Hyper {

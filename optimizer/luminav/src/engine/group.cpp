@@ -22,25 +22,14 @@ T* ptr(std::uintptr_t a) {
 
 }  // namespace
 
-GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, double beta1, double beta2, double eps,
-                        double weight_decay, double clip, int bound_mode, double bound, bool maximize, int nonfinite,
-                        bool stochastic_rounding, std::uint64_t seed) {
+GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, const Hyper& hyper, std::uint64_t seed) {
   GroupConfig cfg;
   cfg.param_dtype = dtype_from_int(param_dtype, "param_dtype");
   cfg.grad_dtype = dtype_from_int(grad_dtype, "grad_dtype");
   cfg.state_dtype = dtype_from_int(state_dtype, "state_dtype");
   Hyper& h = cfg.hyper;
+  h = hyper;
   h.lr = 0.0;
-  h.beta1 = beta1;
-  h.beta2 = beta2;
-  h.eps = eps;
-  h.weight_decay = weight_decay;
-  h.clip = clip;
-  h.bound_mode = bound_mode_from_int(bound_mode);
-  h.bound = bound;
-  h.maximize = maximize;
-  h.nonfinite = nonfinite_from_int(nonfinite);
-  h.stochastic_rounding = stochastic_rounding;
   h.state_dtype = cfg.state_dtype;
   validate_hyper(h);
   cfg.seed = seed;

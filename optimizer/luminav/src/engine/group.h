@@ -1,7 +1,7 @@
 // src/engine/group.h: the launch groups Python's native backends drive (CpuGroup for "cpu",
 // AotGroup for "aot") and the conversions from Python's plain values (make_config, make_rows)
 //
-// python/bindings.cpp exposes these to python/luminamoon/optimizer/native.py; nothing here knows
+// python/bindings.cpp exposes these to python/luminamoon/optimizer/backends/cpu.py and aot.py; nothing here knows
 // Python, so GoogleTest reaches all of it (tests/test_group.cpp). Tensor storage stays the
 // caller's: rows and buffers are addresses of tensors Python owns.
 #pragma once
@@ -26,12 +26,11 @@ namespace luminav {
 using RowTuple = std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
                             std::uintptr_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
 
-// A launch group's constants from their Python values (dtype, bound-mode and nonfinite codes as
-// ints), validated as validate_hyper does; lr is not among them (it is passed per step).
-// Throws Error(kInvalidArgument) naming the first bad value.
-GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, double beta1, double beta2, double eps,
-                        double weight_decay, double clip, int bound_mode, double bound, bool maximize, int nonfinite,
-                        bool stochastic_rounding, std::uint64_t seed);
+// A launch group's constants: the dtype codes (ints, as Python hands them over), the
+// hyperparameters (one record; its lr and state_dtype are set here: lr comes with each step) and
+// the seed, validated as validate_hyper does. Throws Error(kInvalidArgument) naming the first bad
+// value.
+GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, const Hyper& hyper, std::uint64_t seed);
 
 // Rows from their tuples. Refuses, with Error(kInvalidArgument) naming the row: numel < 0, a
 // step counter address 0, a param/grad/exp_avg/exp_avg_sq address 0 where numel > 0, a p_init

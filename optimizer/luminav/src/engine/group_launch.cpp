@@ -2,6 +2,8 @@
 // (see group_launch.h)
 #include "engine/group_launch.h"
 
+#include "aot/manifest.h"
+
 #include <array>
 #include <cstring>
 #include <map>
@@ -12,45 +14,39 @@ namespace gpu {
 
 namespace {
 std::int64_t address(const void* p) { return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p)); }
-
-std::string dtypes_part(std::initializer_list<std::pair<char, int>> items) {
-  std::string s;
-  for (const auto& it : items) {
-    s += it.first;
-    s += std::to_string(it.second);
-  }
-  return s;
-}
 }  // namespace
 
+// The constexprs of each kernel a group launches (the kernels' own names, as the catalog and the
+// manifest spell them); the key itself is the manifest layer's (derive_variant_key).
 VariantKeys variant_keys(const GroupConfig& cfg) {
-  const int p = static_cast<int>(cfg.param_dtype);
-  const int g = static_cast<int>(cfg.grad_dtype);
-  const int s = static_cast<int>(cfg.state_dtype);
-  const int sr = cfg.sr() ? 1 : 0;
-  const int b = static_cast<int>(cfg.hyper.bound_mode);
-  const int clip = cfg.hyper.clip > 0 ? 1 : 0;
-  const int check = cfg.check_flag() ? 1 : 0;
-  const std::string B = ".B" + std::to_string(kBlock);
-  const std::string w = ".w" + std::to_string(kBlockWarps);
+  const std::int64_t p = static_cast<int>(cfg.param_dtype);
+  const std::int64_t g = static_cast<int>(cfg.grad_dtype);
+  const std::int64_t s = static_cast<int>(cfg.state_dtype);
+  const std::int64_t sr = cfg.sr() ? 1 : 0;
+  const std::int64_t b = static_cast<int>(cfg.hyper.bound_mode);
+  const std::int64_t clip = cfg.hyper.clip > 0 ? 1 : 0;
+  const std::int64_t check = cfg.check_flag() ? 1 : 0;
   VariantKeys k;
   if (cfg.needs_pass1()) {
-    k.pass1 = "pass1." + dtypes_part({{'g', g}, {'s', s}}) + ".sr" + std::to_string(sr) + ".n" +
-              std::to_string(clip) + B + w;
-    k.reduce = "reduce" + B + ".R" + std::to_string(kReduceRBlock) + ".w" + std::to_string(kReduceWarps);
-    k.pass2 = "pass2." + dtypes_part({{'p', p}, {'g', g}, {'s', s}}) + ".sr" + std::to_string(sr) + ".b" +
-              std::to_string(b) + ".c" + std::to_string(clip) + ".f" + std::to_string(check) + B + w;
+    k.pass1 = derive_variant_key(
+        "pass1", {{"G_DTYPE", g}, {"S_DTYPE", s}, {"SR", sr}, {"NEED_SUM", clip}, {"BLOCK", kBlock}}, kBlockWarps);
+    k.reduce = derive_variant_key("reduce", {{"BLOCK", kBlock}, {"RBLOCK", kReduceRBlock}}, kReduceWarps);
+    k.pass2 = derive_variant_key("pass2",
+                                 {{"P_DTYPE", p}, {"G_DTYPE", g}, {"S_DTYPE", s}, {"SR", sr}, {"BOUND_MODE", b},
+                                  {"USE_CLIP", clip}, {"CHECK_FLAG", check}, {"BLOCK", kBlock}},
+                                 kBlockWarps);
   } else {
-    k.single_pass = "single_pass." + dtypes_part({{'p', p}, {'g', g}, {'s', s}}) + ".sr" + std::to_string(sr) +
-                    ".b" + std::to_string(b) + B + w;
+    k.single_pass = derive_variant_key(
+        "single_pass",
+        {{"P_DTYPE", p}, {"G_DTYPE", g}, {"S_DTYPE", s}, {"SR", sr}, {"BOUND_MODE", b}, {"BLOCK", kBlock}},
+        kBlockWarps);
   }
   k.commit = commit_key(cfg.check_flag());
   return k;
 }
 
 std::string commit_key(bool check_flag) {
-  return std::string("commit.f") + (check_flag ? "1" : "0") + ".T" + std::to_string(kCommitTBlock) + ".w" +
-         std::to_string(kCommitWarps);
+  return derive_variant_key("commit", {{"CHECK_FLAG", check_flag ? 1 : 0}, {"TBLOCK", kCommitTBlock}}, kCommitWarps);
 }
 
 HostTables build_tables(const TensorRow* rows, std::size_t n) {

@@ -1,7 +1,7 @@
 // src/engine/group_launch.h: one launch group on the GPU: its variant keys, its device tables
 // (C++'s one table writer, build_tables) and its kernels' launches, bound once per layout
 //
-// Exactly as docs/internals.md and python/luminamoon/optimizer/gpu_backend.py lay them out. Used
+// Exactly as docs/internals.md and python/luminamoon/kernels/ (layout.py, catalog.py) lay them out. Used
 // by the engine's CUDA device and by the "aot" Python backend (AotGroup, engine/group.h).
 #pragma once
 
@@ -17,7 +17,7 @@
 namespace luminav {
 namespace gpu {
 
-// Launch shapes of gpu_backend.py (ELEMENTWISE_BLOCK/WARPS, REDUCE_RBLOCK/WARPS,
+// Launch shapes of kernels/catalog.py (ELEMENTWISE_BLOCK/WARPS, REDUCE_RBLOCK/WARPS,
 // COMMIT_TBLOCK/WARPS); the variant keys carry them, so a bundle built with other values is
 // reported as missing a variant rather than launched with the wrong layout.
 constexpr int kBlock = 1024;
@@ -27,7 +27,7 @@ constexpr int kReduceWarps = 16;
 constexpr int kCommitTBlock = 1024;
 constexpr int kCommitWarps = 4;
 
-// The device table (docs/internals.md "Device tables"; gpu_backend.TABLE_COLS and COL_*): an
+// The device table (docs/internals.md "Device tables"; kernels/layout.py TABLE_COLS and COL_*): an
 // int64 row per tensor. Columns 0-10 are written by build_tables, 11 is reserved, 12-17 are the
 // step-constant cache (two slots of 3), zero on the host and written by the update kernels.
 constexpr int kTableCols = 18;
@@ -36,11 +36,12 @@ constexpr int kColNumel = 6, kColBlockStart = 7, kColElemOffset = 8, kColParamIn
 constexpr int kColCache = 12;
 
 // Every pointer a bundle kernel is handed must be a multiple of this many bytes: the kernels are
-// compiled with 16-byte divisibility hints on their pointers (gpu_backend.ALIGN_BYTES).
+// compiled with 16-byte divisibility hints on their pointers (kernels/layout.py ALIGN_BYTES).
 constexpr std::size_t kAlignBytes = 16;
 
-// The keys one launch group runs (gpu_backend.variants_for): pass1/reduce/pass2 when pass 1 is
-// needed, else single_pass; commit always. Unused keys are empty.
+// The keys one launch group runs (kernels/catalog.py variants_for): pass1/reduce/pass2 when pass 1
+// is needed, else single_pass; commit always. Unused keys are empty. Each key is the manifest
+// layer's (derive_variant_key, aot/manifest.h) of the kernel's constexprs.
 struct VariantKeys {
   std::string pass1, reduce, pass2, single_pass, commit;
 };

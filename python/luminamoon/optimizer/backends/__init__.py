@@ -13,12 +13,11 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .._groups import LaunchGroup
-from .base import Backend
+from .base import BACKEND_NAMES, Backend
 from .reference import ReferenceBackend
 
-__all__ = ["BackendUnavailableError", "aot_bundle_dir", "get_backend", "select_backend"]
-
-BACKEND_NAMES = ("auto", "reference", "triton", "cpu", "aot")
+__all__ = ["BACKEND_NAMES", "BackendUnavailableError", "aot_bundle_dir", "get_backend",
+           "select_backend"]
 
 _FIXES = {
     "triton": "install Triton (pip install 'luminamoon[triton]'), or pass backend='reference'",
@@ -52,11 +51,11 @@ def _construct(name: str, aot_bundle: Optional[str]) -> Backend:
 
             return TritonBackend()
         if name == "cpu":
-            from .native import CpuBackend
+            from .cpu import CpuBackend
 
             return CpuBackend()
         if name == "aot":
-            from .native import AotBackend
+            from .aot import AotBackend
     except ImportError as exc:
         raise _unavailable(name, exc) from exc
     return AotBackend(aot_bundle)

@@ -17,6 +17,10 @@ import torch
 from .._groups import LaunchGroup
 
 
+# Every name a backend can be chosen by (``backend=``); "auto" picks one per group.
+BACKEND_NAMES = ("auto", "reference", "triton", "cpu", "aot")
+
+
 class Backend:
     name = "abstract"
     # Whether the backend keys rounding words on LaunchGroup.index_maps (shards that are not one

@@ -1,4 +1,4 @@
-"""optimizer/layout.py: how a tensor of any memory layout enters the kernels, which read flat
+"""optimizer/memory_layout.py: how a tensor of any memory layout enters the kernels, which read flat
 contiguous runs of memory.
 
 - ``direct``: every tensor of the parameter (param, grad, moments, p_init) is contiguous.
