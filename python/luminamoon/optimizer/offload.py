@@ -1,0 +1,1 @@
+CpuOffload = offload = None
