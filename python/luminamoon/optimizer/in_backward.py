@@ -265,6 +265,13 @@ class BucketStepper:
         return out
 
 
+def tell_scheduler(opt: torch.optim.Optimizer) -> None:
+    """A torch LRScheduler warns when its optimizer's step did not run before its own: after a
+    backward that stepped, mark the step as run, as its wrapper of ``step`` does."""
+    if hasattr(opt.step, "_wrapped_by_lr_sched"):
+        opt._opt_called = True
+
+
 class _GradHooks:
     """Post-accumulate-grad hooks on ``params`` that gather parameters whose gradients are
     final into buckets of ``bucket_bytes`` (in backward order) and hand each bucket to
@@ -383,9 +390,7 @@ class InBackward:
                 p.grad = None
 
     def _after_backward(self) -> None:
-        # a torch LRScheduler checks that its optimizer's step ran before its own
-        if hasattr(self.optimizer.step, "_wrapped_by_lr_sched"):
-            self.optimizer._opt_called = True
+        tell_scheduler(self.optimizer)
 
     # the optimizer's face
     @property
