@@ -13,7 +13,7 @@ import functools
 import inspect
 import sys
 from collections import defaultdict
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
@@ -215,7 +215,11 @@ class LuminaMoon(torch.optim.Optimizer):
         if backend == "aot":
             aot_bundle_dir(aot_bundle)  # no bundle given and none shipped: say so now
         if not isinstance(params, torch.Tensor):  # (torch's own check names a tensor)
-            params = list(params)
+            # (a group's params given as a generator, e.g. module.parameters(), is read once:
+            # a list, so that looking for the first tensor below does not consume it)
+            params = [dict(item, params=list(item["params"]))
+                      if isinstance(item, dict) and isinstance(item.get("params"), Iterator)
+                      else item for item in params]
         first = _first_tensor(params) if isinstance(params, list) else None
         home = local_tensor(first).device if first is not None else torch.device("cpu")
         self._seed: int = _draw_seed(home) if seed is None else int(seed)
