@@ -47,6 +47,7 @@ _LIVE: "weakref.WeakSet[BucketStepper]" = weakref.WeakSet()
 def _drop_caches() -> None:
     for stepper in list(_LIVE):
         stepper.invalidate()
+        stepper.opt._plan = None  # (offload's host optimizer steps through its own plan too)
 
 
 def _params_of(model_or_params) -> Any:
