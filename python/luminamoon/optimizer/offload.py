@@ -18,14 +18,15 @@ forward of the modules before. Where the "device" is the CPU (tests), the same c
 plain copies and no streams.
 
 Bounded resources: pinned host memory = the parameters' bytes (host copies, or their float32
-masters) + the gradients' bytes (host buffers), allocated once; moments and p_init in pageable
-host memory; one Python worker thread (in_backward=True) plus the engine's pool of
+masters) + as much again for the host gradient buffers, allocated once; moments and p_init in
+pageable host memory; on the GPU at most ``inflight_buckets`` buckets of gradients waiting for
+their copy; one Python worker thread (in_backward=True) plus the engine's pool of
 ``num_threads`` (0: one per hardware thread).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
-import copy
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -63,7 +64,10 @@ class CpuOffload:
     def __init__(self, model_or_params, *, in_backward: bool = False,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, accumulate_steps: int = 1,
                  master_weights: bool = False, num_threads: int = 0, overlap: bool = True,
-                 **optimizer_kwargs):
+                 inflight_buckets: int = 4, **optimizer_kwargs):
+        if isinstance(inflight_buckets, bool) or not isinstance(inflight_buckets, int) \
+                or inflight_buckets < 1:
+            raise ValueError(f"inflight_buckets must be an int >= 1, got {inflight_buckets!r}")
         module = model_or_params if isinstance(model_or_params, torch.nn.Module) else None
         groups = _as_groups(_params_of(model_or_params))
         self.params: List[torch.Tensor] = [p for g in groups for p in g["params"]]
@@ -114,6 +118,12 @@ class CpuOffload:
         self._h2d = torch.cuda.Stream(self.device) if self._cuda else None
         self._ready: List[int] = []  # slots whose host gradient holds this step's gradient
         self._d2h_events: List[Any] = []
+        # gradient copies not known to be done: (event, bytes); backward waits for the oldest
+        # when more than inflight_buckets * bucket_bytes are in flight, so the GPU never holds
+        # more gradients than that while PCIe is slower than backward
+        self._inflight: collections.deque = collections.deque()
+        self._inflight_bytes = 0
+        self._inflight_limit = inflight_buckets * max(bucket_bytes, 1)
         self._param_event: Dict[int, Any] = {}  # slot -> event after its copy back
         self._future_of: Dict[int, concurrent.futures.Future] = {}
         self._pool = (concurrent.futures.ThreadPoolExecutor(
@@ -148,6 +158,8 @@ class CpuOffload:
                         self._grads[i].copy_(grad, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self._d2h)
+                self._throttle(event, sum(p.grad.numel() * p.grad.element_size()
+                                          for p in params))
             else:
                 for p, i in zip(params, slots):
                     self._grads[i].copy_(p.grad)
@@ -161,6 +173,16 @@ class CpuOffload:
             self._ready.extend(slots)
             if event is not None:
                 self._d2h_events.append(event)
+
+    def _throttle(self, event, nbytes: int) -> None:
+        self._inflight.append((event, nbytes))
+        self._inflight_bytes += nbytes
+        while self._inflight_bytes > self._inflight_limit and len(self._inflight) > 1:
+            oldest, n = self._inflight.popleft()
+            oldest.synchronize()
+            self._inflight_bytes -= n
+        while self._inflight and self._inflight[0][0].query():
+            self._inflight_bytes -= self._inflight.popleft()[1]
 
     def _step_bucket(self, slots: List[int], event) -> None:
         """The worker: wait for the bucket's gradients, step it on the CPU, copy it back."""
@@ -316,12 +338,17 @@ class CpuOffload:
 def offload(model_or_params, *, in_backward: bool = False,
             bucket_bytes: int = DEFAULT_BUCKET_BYTES, accumulate_steps: int = 1,
             master_weights: bool = False, num_threads: int = 0, overlap: bool = True,
-            **optimizer_kwargs) -> CpuOffload:
+            inflight_buckets: int = 4, **optimizer_kwargs) -> CpuOffload:
     """LuminaMoon with its moments (and, with ``master_weights``, float32 master copies of
     bf16/fp16 parameters) in host memory, stepped by the C++ CPU engine; gradients go to the
     host as backward produces them (buckets of ``bucket_bytes``), parameters come back before
     the forward of the module that holds them. ``in_backward=True`` also steps each bucket while
-    backward continues. The other keyword arguments are LuminaMoon's. See docs/memory.md."""
+    backward continues. At most ``inflight_buckets`` buckets of gradients wait on the GPU for
+    their copy (backward waits for the oldest beyond). ``num_threads``: the CPU engine's threads
+    (0: one per hardware thread). ``overlap``: with a module, each submodule's forward waits
+    only for its own parameters (else ``step()`` waits for all). The other keyword arguments
+    are LuminaMoon's. See docs/memory.md."""
     return CpuOffload(model_or_params, in_backward=in_backward, bucket_bytes=bucket_bytes,
                       accumulate_steps=accumulate_steps, master_weights=master_weights,
-                      num_threads=num_threads, overlap=overlap, **optimizer_kwargs)
+                      num_threads=num_threads, overlap=overlap,
+                      inflight_buckets=inflight_buckets, **optimizer_kwargs)
