@@ -192,3 +192,23 @@ def test_a_larger_model_trains_with_offload():
     # inflight_buckets bounds them), activations
     assert peak < params + 4 * width * width * 4 + 256 * 2**20, (peak, params)
     assert int(off.optimizer.state[off.optimizer.param_groups[0]["params"][0]]["step"]) == 3
+
+
+@pytest.mark.parametrize("runner", ["in_backward", "offload-in-backward"])
+def test_a_nonfinite_gradient_skips_only_its_tensor_on_the_gpu(runner):
+    model = _mlp(256, 3)
+    bad = model[2].weight
+    handle = bad.register_hook(lambda g: g * float("nan"))
+    if runner == "in_backward":
+        run = step_in_backward(model, bucket_bytes=10**9, **KW)
+    else:
+        run = offload(model, in_backward=True, bucket_bytes=10**9, **KW)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x, y = _batches(256, 1, torch.float32)[0]
+    _loss(model, x, y).backward()
+    if hasattr(run, "wait"):
+        run.wait()
+    handle.remove()
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]) == (p is bad), n
+    assert int(run.skipped_steps) == 1
