@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import math
 import os
 import statistics
@@ -206,7 +207,8 @@ def _sync(dev):
 
 def run(name: str, case: dict, dev: torch.device, warmup: int, steps: int, batches):
     torch.manual_seed(0)
-    model = GPT(case["vocab"], case["ctx"], case["d"], case["layers"], case["heads"]).to(dev)
+    with dev:  # built where it trains: a multi-billion-parameter model initialises in seconds
+        model = GPT(case["vocab"], case["ctx"], case["d"], case["layers"], case["heads"])
     finish, keep = METHODS[name](model, dev)
     losses, times = [], []
     for i, idx in enumerate(batches[:warmup + steps]):
@@ -252,6 +254,8 @@ def main(argv=None):
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=None, help="sequences a step (gpt2-small)")
+    ap.add_argument("--seq", type=int, default=None, help="tokens a sequence (gpt2-small)")
     ap.add_argument("--out", default=None, help="path prefix: writes PREFIX.csv and PREFIX.md")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
@@ -279,7 +283,10 @@ def main(argv=None):
             todo = [m for m in LARGE if m in methods]
             n_steps, n_warm = min(steps, 3), 1
         else:
-            case, todo, n_steps, n_warm = CASES[case_name], methods, steps, warmup
+            case, todo, n_steps, n_warm = dict(CASES[case_name]), methods, steps, warmup
+            if case_name == "gpt2-small":
+                case["batch"] = args.batch or case["batch"]
+                case["seq"] = min(args.seq or case["seq"], case["ctx"])
         n = gpt_params(case["vocab"], case["ctx"], case["d"], case["layers"])
         print(f"\n## {case_name}: {n / 1e6:.1f} M parameters, batch {case['batch']} x "
               f"{case['seq']} tokens (fp32 weights, gradients {4 * n / GiB:.2f} GiB, AdamW "
@@ -297,7 +304,9 @@ def main(argv=None):
                     result = run(name, case, dev, n_warm, n_steps, batches)
                 except torch.cuda.OutOfMemoryError:
                     why = "out of memory"
-                    torch.cuda.empty_cache()
+            if why is not None and dev.type == "cuda":
+                gc.collect()  # the failed run's frames (its model) go with the traceback
+                torch.cuda.empty_cache()
             if result is None:
                 print(f"{name:32s} {why}")
                 rows.append(dict(case=case_name, params=n, method=name, peak_gib="",
