@@ -288,3 +288,56 @@ def test_an_optimizer_with_keywords_is_refused():
     opt = LuminaMoon(_model().parameters())
     with pytest.raises(ValueError, match="set them on the optimizer"):
         step_in_backward(opt, lr=0.1)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("bucket", [0, 600])
+def test_flags_read_one_bucket_late_as_on_a_gpu(backend, bucket):
+    """On a GPU each bucket's finite flags are read at the next bucket (lag 1): a bucket with a
+    non-finite gradient is first skipped whole on the device, then its finite tensors are
+    stepped from the gradients kept until then. Forced here on CPU tensors: the same result."""
+    m1, m2 = _model(), _model()
+    x, y = _data(1)[0]
+    results = []
+    for model in (m1, m2):
+        handle = model.b.weight.register_hook(lambda g: g * float("nan"))
+        ib = step_in_backward(model, backend=backend, bucket_bytes=bucket, **KW)
+        if model is m2:
+            ib._lag = 1
+        _loss(model, x, y).backward()
+        handle.remove()
+        _loss(model, x, y).backward()
+        results.append(int(ib.skipped_steps))
+        assert not ib._stepper.pending
+    assert results == [1, 1]
+    assert _same(m1, m2)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_backward_that_failed_elsewhere_does_not_break_the_next(backend):
+    m1, m2 = _model(), _model()
+    data = _data(3)
+    opt = LuminaMoon(m1.parameters(), backend=backend, **KW)
+    ib = step_in_backward(m2, backend=backend, bucket_bytes=0, **KW)
+
+    def boom(g):
+        raise RuntimeError("boom")
+
+    x, y = data[0]
+    handle = m2.a.weight.register_hook(boom)  # fails after the later layers were stepped
+    with pytest.raises(RuntimeError, match="boom"):
+        _loss(m2, x, y).backward()
+    handle.remove()
+    m2.zero_grad()
+    stepped = [bool(ib.state[p]) and int(ib.state[p]["step"]) == 1 for p in m2.parameters()]
+    assert any(stepped) and not all(stepped)  # the later layers were, m2.a.weight was not
+    # bring the normal run to the same point: step the same parameters once
+    _loss(m1, x, y).backward()
+    for p, was in zip(m1.parameters(), stepped):
+        if not was:
+            p.grad = None
+    opt.step()
+    opt.zero_grad()
+    assert _same(m1, m2)
+    assert _train_normal(m1, opt, data[1:]) == _train_in_backward(m2, ib, data[1:])
+    assert _same(m1, m2)

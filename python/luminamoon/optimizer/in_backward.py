@@ -16,6 +16,7 @@ with optimizer/offload.py, which hands each bucket to the CPU engine instead.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -78,11 +79,14 @@ class BucketStepper:
         self._cache: Dict[Tuple[int, ...], _Bucket] = {}
         self._index: Dict[int, Tuple[int, int, int]] = {}
         self._index_of: Optional[Tuple[int, ...]] = None
+        # buckets whose finite flags are not read yet: (params, grads, flags, event)
+        self.pending: collections.deque = collections.deque()
         _LIVE.add(self)
 
     def invalidate(self) -> None:
         self._cache.clear()
         self._index_of = None
+        self.pending.clear()
 
     def _where(self, p: torch.Tensor) -> Tuple[int, int, int]:
         """(param group, index in it, k) of ``p``; the index is rebuilt when groups change."""
@@ -172,10 +176,13 @@ class BucketStepper:
         return True
 
     @torch.no_grad()
-    def step(self, params: Sequence[torch.Tensor]) -> None:
-        """One TDCLM step of ``params`` (each with a gradient), then nothing of their gradients
-        kept. A tensor whose gradient is not finite under nonfinite="skip" is left unchanged
-        and counted in the optimizer's ``skipped_steps``."""
+    def step(self, params: Sequence[torch.Tensor], *, verified: bool = False) -> None:
+        """One TDCLM step of ``params`` (each with a gradient). Under nonfinite="skip" a bucket
+        with a non-finite gradient is skipped whole on the device (the normal step's flag), and
+        its per-tensor finite flags are queued (``pending``): :meth:`settle` reads them and
+        steps the finite tensors of such a bucket from the gradients kept until then, counting
+        each skipped tensor in ``skipped_steps``. ``verified``: the gradients are known finite
+        (a settle's own step)."""
         if not params:
             return
         opt = self.opt
@@ -206,64 +213,72 @@ class BucketStepper:
             for launch, _, _, gi in launches:
                 lr = opt.param_groups[gi]["lr"]
                 if (isinstance(lr, torch.Tensor) and lr.device.type != "cpu"
-                        and launch.hyper.nonfinite == "raise" and lr.numel() == 1):
+                        and launch.hyper.nonfinite != "propagate" and lr.numel() == 1):
+                    # read on the host: a bad lr must not skip the bucket on the device, where
+                    # it would pass for a non-finite gradient
                     validate_lr(float(lr), f" (param group {gi})")
                 validate_lr(lr, f" (param group {gi})")
                 launch.lr = lr
-            launches = self._without_nonfinite(launches)
-            if launches:
-                run_launch_groups([x[0] for x in launches], [x[2] for x in launches],
-                                  flags=opt._flags, scratch=opt._scratch,
-                                  skipped=opt.skipped_steps, describe=opt._describe_flat)
+            checked = [] if verified else [x for x in launches if x[0].hyper.nonfinite == "skip"]
+            if checked:
+                self._queue_flags(checked)
+            run_launch_groups([x[0] for x in launches], [x[2] for x in launches],
+                              flags=opt._flags, scratch=opt._scratch, skipped=None,
+                              describe=opt._describe_flat)
+        except BaseException:
+            self.pending.clear()
+            raise
         finally:
-            for launch, _, _, _ in bucket.launches:
+            for launch, _, _, _ in launches:
                 launch.grads, launch.grad_ptrs = [], None
 
-    def _without_nonfinite(self, launches):
-        """The launches with every tensor whose gradient is not finite (groups with
-        nonfinite="skip") taken out, each counted once in ``skipped_steps``. Reads one flag per
-        tensor on the host (free on CPU tensors; one synchronisation a bucket on a GPU). Under
-        sharding a tensor is skipped on every rank where any rank saw a non-finite shard."""
-        checked = [x for x in launches if x[0].hyper.nonfinite == "skip"]
-        if not checked:
-            return launches
-        flags = []
-        for launch, _, _, _ in checked:
-            flags.extend(torch.isfinite(g).all().to("cpu", torch.int32).reshape(1)
-                         for g in launch.grads)
-        bad = 1 - torch.cat(flags) if flags else torch.zeros(0, dtype=torch.int32)
+    def _queue_flags(self, checked) -> None:
+        """Per-tensor "not finite" flags of the checked launches (combined over the ranks of a
+        sharded tensor's mesh), copied to the host without waiting, with the gradients."""
+        owners = [p for _, o, _, _ in checked for p in o]
+        grads = [g for launch, _, _, _ in checked for g in launch.grads]
+        bad = torch.stack([~torch.isfinite(g).all() for g in grads]).to(torch.int32)
         dims = sorted({d for launch, _, _, _ in checked for d in launch.mesh_dims})
         if dims:
             import torch.distributed as dist
 
-            device = checked[0][0].device
-            bad = bad.to(device)
             for mesh_dim in dims:
                 dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=mesh_dim.group)
+        event = None
+        if bad.device.type == "cuda":
+            host = torch.empty(bad.shape, dtype=bad.dtype, pin_memory=True)
+            host.copy_(bad, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            bad = host
+        elif bad.device.type != "cpu":
             bad = bad.cpu()
-        bad = bad.tolist()
-        if not any(bad):
-            return launches
-        opt, out, at = self.opt, [], 0
-        for item in launches:
-            launch, owners, backend, gi = item
-            if launch.hyper.nonfinite != "skip":
-                out.append(item)
+        self.pending.append((owners, [p.grad for p in owners], bad, event))
+
+    @torch.no_grad()
+    def settle(self, keep: int = 0) -> None:
+        """Reads the queued flags of all but the last ``keep`` buckets (waiting for them where
+        they are not on the host yet) and steps the finite tensors of every bucket that a
+        non-finite gradient skipped."""
+        while len(self.pending) > keep:
+            owners, grads, bad, event = self.pending.popleft()
+            if event is not None:
+                event.synchronize()
+            flags = bad.tolist()
+            if not any(flags):
                 continue
-            mine = bad[at:at + len(owners)]
-            at += len(owners)
-            if not any(mine):
-                out.append(item)
+            self.opt.skipped_steps.add_(sum(flags))
+            keep_params = [(p, g) for p, g, b in zip(owners, grads, flags) if not b]
+            if not keep_params:
                 continue
-            opt.skipped_steps.add_(sum(mine))
-            keep = [p for p, b in zip(owners, mine) if not b]
-            if keep:  # the finite tensors, as a launch group of their own (this step only)
-                sub = self._build(keep, [self._where(p) for p in keep])
-                for launch2, owners2, backend2, gi2 in sub.launches:
-                    self._take_grads(launch2, owners2)
-                    launch2.lr = launch.lr
-                    out.append((launch2, owners2, backend2, gi2))
-        return out
+            held = [p.grad for p, _ in keep_params]
+            try:
+                for p, g in keep_params:
+                    p.grad = g
+                self.step([p for p, _ in keep_params], verified=True)
+            finally:
+                for (p, _), h in zip(keep_params, held):
+                    p.grad = h
 
 
 def tell_scheduler(opt: torch.optim.Optimizer) -> None:
@@ -271,6 +286,10 @@ def tell_scheduler(opt: torch.optim.Optimizer) -> None:
     backward that stepped, mark the step as run, as its wrapper of ``step`` does."""
     if hasattr(opt.step, "_wrapped_by_lr_sched"):
         opt._opt_called = True
+
+
+# The running backward's id (torch >= 2.1), to tell one backward from the next.
+_GRAPH_TASK_ID = getattr(torch._C, "_current_graph_task_id", None)
 
 
 class _GradHooks:
@@ -283,7 +302,8 @@ class _GradHooks:
 
     def __init__(self, params: Iterable[torch.Tensor], bucket_bytes: int, accumulate_steps: int,
                  on_bucket: Callable[[List[torch.Tensor]], None],
-                 on_end: Optional[Callable[[], None]] = None):
+                 on_end: Optional[Callable[[], None]] = None,
+                 on_reset: Optional[Callable[[], None]] = None):
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
             raise ValueError(f"bucket_bytes must be an int >= 0 (0: one bucket per gradient), got "
                              f"{bucket_bytes!r}")
@@ -296,10 +316,11 @@ class _GradHooks:
             raise ValueError("no parameter requires a gradient: nothing to step in backward")
         self.bucket_bytes = bucket_bytes
         self.accumulate_steps = accumulate_steps
-        self._on_bucket, self._on_end = on_bucket, on_end
+        self._on_bucket, self._on_end, self._on_reset = on_bucket, on_end, on_reset
         self._pending: List[torch.Tensor] = []
         self._pending_bytes = 0
         self._queued = False  # the end-of-backward callback of the running backward is queued
+        self._task = None  # the graph task (backward) it was queued in
         self._stepping = False
         self._done: set = set()
         self._hold = 0
@@ -321,9 +342,14 @@ class _GradHooks:
             self._hold -= 1
 
     def _hook(self, p: torch.Tensor) -> None:
+        task = _GRAPH_TASK_ID() if _GRAPH_TASK_ID is not None else None
+        if self._queued and task is not None and task != self._task:
+            # a backward that failed after this one's first hook never ran its end: start over
+            self._reset()
         if not self._queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._end)
             self._queued = True
+            self._task = task
             self._stepping = (self._hold == 0
                               and (self.micro_step + 1) % self.accumulate_steps == 0)
         if not self._stepping or p.grad is None:
@@ -348,6 +374,8 @@ class _GradHooks:
         self._pending, self._pending_bytes = [], 0
         self._queued = self._stepping = False
         self._done = set()
+        if self._on_reset is not None:
+            self._on_reset()
 
     def _end(self) -> None:
         try:
@@ -380,17 +408,34 @@ class InBackward:
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, accumulate_steps: int = 1):
         self.optimizer = optimizer
         self._stepper = BucketStepper(optimizer)
+        self._lag: Optional[int] = None  # buckets whose flags wait (None: 1 on a GPU, else 0)
         self._hooks = _GradHooks(params, bucket_bytes, accumulate_steps, self._step_bucket,
-                                 self._after_backward)
+                                 self._after_backward, self._stepper.pending.clear)
 
     def _step_bucket(self, params: List[torch.Tensor]) -> None:
+        stepper = self._stepper
         try:
-            self._stepper.step(params)
+            stepper.step(params)
         finally:
             for p in params:
                 p.grad = None
+        # the flags of a bucket on a GPU are read one bucket later, when its copy has most
+        # likely landed: backward does not wait for the GPU at every bucket
+        lag = self._lag
+        if lag is None:
+            lag = 1 if stepper.pending and stepper.pending[-1][3] is not None else 0
+        try:
+            stepper.settle(lag)
+        except BaseException:
+            stepper.pending.clear()
+            raise
 
     def _after_backward(self) -> None:
+        try:
+            self._stepper.settle(0)
+        except BaseException:
+            self._stepper.pending.clear()
+            raise
         tell_scheduler(self.optimizer)
 
     # the optimizer's face

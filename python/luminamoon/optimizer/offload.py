@@ -193,7 +193,9 @@ class CpuOffload:
             h.grad = self._grads[i]
         try:
             self._stepper.step(hosts)
+            self._stepper.settle(0)  # host flags: read now, before the copy back
         finally:
+            self._stepper.pending.clear()
             for h in hosts:
                 h.grad = None
         self._copy_back(slots, event)
