@@ -237,7 +237,8 @@ class BucketStepper:
         sharded tensor's mesh), copied to the host without waiting, with the gradients."""
         owners = [p for _, o, _, _ in checked for p in o]
         grads = [g for launch, _, _, _ in checked for g in launch.grads]
-        bad = torch.stack([~torch.isfinite(g).all() for g in grads]).to(torch.int32)
+        bad = torch.logical_not(torch.stack([torch.isfinite(g).all() for g in grads])).to(
+            torch.int32)
         dims = sorted({d for launch, _, _, _ in checked for d in launch.mesh_dims})
         if dims:
             import torch.distributed as dist
