@@ -166,3 +166,29 @@ def test_refusals():
     model = _model()
     with pytest.raises(ValueError, match="one device"):
         offload([model.a.weight, torch.nn.Parameter(torch.zeros(2, device="meta"))])
+
+
+def test_host_buffers_pack_tensors_aligned_without_overlap(monkeypatch):
+    from luminamoon.optimizer import offload as mod
+
+    monkeypatch.setattr(mod, "_CHUNK", 1024)
+    specs = [((10, 3), torch.float32), ((0, 5), torch.float32), ((7,), torch.bfloat16),
+             ((300,), torch.float32), ((100,), torch.float16), ((2,), torch.float32),
+             ((200,), torch.float32)]
+    bufs = mod.host_buffers(specs, pin=False)
+    assert [(tuple(b.shape), b.dtype) for b in bufs] == [(tuple(s), d) for s, d in specs]
+    spans = []
+    for b in bufs:
+        assert b.data_ptr() % 64 == 0 and b.is_contiguous()
+        b.fill_(1)
+        spans.append((b.untyped_storage().data_ptr(), b.data_ptr(),
+                      b.data_ptr() + b.numel() * b.element_size()))
+    for i, (si, a0, a1) in enumerate(spans):
+        for sj, b0, b1 in spans[i + 1:]:
+            assert si != sj or a1 <= b0 or b1 <= a0  # no two tensors share bytes
+    # the 1200-byte tensor has an allocation of its own; the others fill 1024-byte chunks in
+    # order (128 + 0 + 64 + 256 + 64 bytes, then the 800-byte one starts the next)
+    storages = {b.untyped_storage().data_ptr() for b in bufs}
+    assert len(storages) == 3
+    assert bufs[6].untyped_storage().data_ptr() != bufs[5].untyped_storage().data_ptr()
+    assert bufs[3].untyped_storage().nbytes() == 1216

@@ -18,7 +18,8 @@ forward of the modules before. Where the "device" is the CPU (tests), the same c
 plain copies and no streams.
 
 Bounded resources: pinned host memory = the parameters' bytes (host copies, or their float32
-masters) + as much again for the host gradient buffers, allocated once; moments and p_init in
+masters) + as much again for the host gradient buffers, allocated once in chunks of up to 4 GiB
+(each tensor rounded up to 64 bytes, the last chunk partly used); moments and p_init in
 pageable host memory; on the GPU at most ``inflight_buckets`` buckets of gradients waiting for
 their copy; one Python worker thread (in_backward=True) plus the engine's pool of
 ``num_threads`` (0: one per hardware thread).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import math
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -50,6 +52,33 @@ def _as_groups(params) -> List[Dict[str, Any]]:
         return [dict(g, params=list(g["params"]) if not isinstance(g["params"], torch.Tensor)
                      else [g["params"]]) for g in params]
     return [{"params": params}]
+
+
+_ALIGN = 64  # bytes: each host tensor starts on a cache line
+_CHUNK = 4 * 2**30  # bytes of one pinned allocation (a power of two: nothing rounded away)
+
+
+def host_buffers(specs, pin: bool) -> List[torch.Tensor]:
+    """Host tensors of the given (shape, dtype), packed in order into few allocations of up to
+    ``_CHUNK`` bytes (a tensor larger than that gets its own): torch's pinned-memory allocator
+    rounds each allocation up to a power of two, which would waste up to half of a
+    tensor-by-tensor allocation."""
+    nbytes = [math.prod(shape) * dtype.itemsize for shape, dtype in specs]
+    sizes = [-(-n // _ALIGN) * _ALIGN for n in nbytes]
+    total = max(sum(sizes), 1)
+    chunk = min(_CHUNK, 1 << (total - 1).bit_length())
+    out: List[torch.Tensor] = []
+    buf, used = None, 0
+    for (shape, dtype), n, size in zip(specs, nbytes, sizes):
+        if size > chunk:
+            own = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+            out.append(own[:n].view(dtype).view(shape))
+            continue
+        if buf is None or used + size > chunk:
+            buf, used = torch.empty(chunk, dtype=torch.uint8, pin_memory=pin), 0
+        out.append(buf[used:used + n].view(dtype).view(shape))
+        used += size
+    return out
 
 
 class CpuOffload:
@@ -87,17 +116,16 @@ class CpuOffload:
         pin = self._cuda
         self.master_weights = bool(master_weights)
         self.in_backward = bool(in_backward)
-        self._host: List[torch.Tensor] = []
-        self._grads: List[torch.Tensor] = []
+        # the host gradient takes the host copy's dtype (torch keeps a tensor's .grad in its
+        # dtype); a bf16 gradient is widened on the device before its copy
+        specs = [(p.shape, torch.float32 if self.master_weights
+                  and p.dtype in (torch.bfloat16, torch.float16) else p.dtype)
+                 for p in self.params]
+        self._host: List[torch.Tensor] = host_buffers(specs, pin)
+        self._grads: List[torch.Tensor] = host_buffers(specs, pin)
         with torch.no_grad():
-            for p in self.params:
-                dtype = (torch.float32 if self.master_weights
-                         and p.dtype in (torch.bfloat16, torch.float16) else p.dtype)
-                self._host.append(torch.empty(p.shape, dtype=dtype, pin_memory=pin)
-                                  .copy_(p.detach()))
-                # the host gradient takes the host copy's dtype (torch keeps a tensor's .grad
-                # in its dtype); a bf16 gradient is widened on the device before the copy
-                self._grads.append(torch.empty(p.shape, dtype=dtype, pin_memory=pin))
+            for p, h in zip(self.params, self._host):
+                h.copy_(p.detach())
         self._slot = {id(p): i for i, p in enumerate(self.params)}
         at = 0
         host_groups = []
