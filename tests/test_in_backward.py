@@ -222,6 +222,10 @@ def test_state_dict_resume_is_bitwise(backend):
     ib2.load_state_dict(saved_opt)
     _train_in_backward(resumed, ib2, data[3:])
     assert _same(ref, resumed)
+    # the state loaded through the optimizer itself (new state tensors under cached buckets)
+    ib.optimizer.load_state_dict(saved_opt)
+    _train_in_backward(model, ib, data[3:])
+    assert _same(ref, model)
     # and a normal LuminaMoon loads the same state dict
     other = LuminaMoon(_model().parameters(), backend=backend)
     other.load_state_dict(saved_opt)

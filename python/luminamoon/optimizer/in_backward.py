@@ -18,13 +18,14 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import operator
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from ._dtensor import local_tensor, shard_layout
-from ._groups import LaunchGroup, TensorRef, group_tensors, launch_grads
+from ._groups import LaunchGroup, group_tensors, launch_grads
 from ._plan import _plan_key
 from ._step import run_launch_groups
 from ._validation import check_grad, check_param, make_hyper, validate_hyperparameters, validate_lr
@@ -65,7 +66,7 @@ class _Bucket:
 
     def __init__(self, launches, check, keys):
         self.launches = launches  # [(LaunchGroup, owners, backend, param-group index)]
-        self.check = check  # [(param, data_ptr, dtype, shape, stride, exp_avg object)]
+        self.check = check  # [(param, data_ptr, dtype, shape, stride, its state's values)]
         self.keys = keys  # {param-group index: _plan_key}
 
 
@@ -129,10 +130,7 @@ class BucketStepper:
                 if p not in opt.state or len(opt.state[p]) == 0:
                     opt._init_state(p, group)
                     created.append(p)
-                s = opt.state[p]
-                by_group.setdefault(gi, []).append(TensorRef(
-                    p, p.grad, s["exp_avg"], s["exp_avg_sq"], s.get("p_init"), s["step"], k,
-                    self._name(gi, j, k)))
+                by_group.setdefault(gi, []).append(opt._tensor_ref(p, gi, j, k))
             launches = []
             for gi in sorted(by_group):
                 group = opt.param_groups[gi]
@@ -147,17 +145,18 @@ class BucketStepper:
                 opt.state.pop(p, None)
             raise
         check = [(p, local_tensor(p).data_ptr(), p.dtype, p.shape, local_tensor(p).stride(),
-                  opt.state[p]["exp_avg"]) for p in params]
+                  tuple(opt.state[p].values())) for p in params]
         keys = {gi: _plan_key(opt.param_groups[gi]) for _, _, _, gi in launches}
         return _Bucket(launches, check, keys)
 
     def _holds(self, bucket: _Bucket) -> bool:
         opt = self.opt
-        for p, ptr, dtype, shape, stride, exp_avg in bucket.check:
+        for p, ptr, dtype, shape, stride, values in bucket.check:
             local = local_tensor(p)
             state = opt.state.get(p)
             if (local.data_ptr() != ptr or p.dtype != dtype or p.shape != shape
-                    or local.stride() != stride or not state or state.get("exp_avg") is not exp_avg):
+                    or local.stride() != stride or not state or len(state) != len(values)
+                    or not all(map(operator.is_, state.values(), values))):
                 return False
         return all(_plan_key(opt.param_groups[gi]) == key for gi, key in bucket.keys.items())
 

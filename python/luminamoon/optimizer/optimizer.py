@@ -404,10 +404,7 @@ class LuminaMoon(torch.optim.Optimizer):
                     if p not in self.state or len(self.state[p]) == 0:
                         self._init_state(p, group)
                         created.append(p)
-                    state = self.state[p]
-                    refs.append(TensorRef(p, p.grad, state["exp_avg"], state["exp_avg_sq"],
-                                          state.get("p_init"), state["step"], index,
-                                          f"parameter {index} (param group {gi}, index {j})"))
+                    refs.append(self._tensor_ref(p, gi, j, index))
                 hyper = make_hyper(group)
                 if amp:  # a GradScaler decides non-finite steps: skip them on the device
                     hyper = dataclasses.replace(hyper, nonfinite="skip")
@@ -431,6 +428,13 @@ class LuminaMoon(torch.optim.Optimizer):
                      self._has_dtensor())
         plan.amp = amp
         return plan
+
+    def _tensor_ref(self, p: torch.Tensor, gi: int, j: int, index: int) -> TensorRef:
+        """What group_tensors takes of parameter ``p`` (its state created), the one place a
+        step, here or inside backward (optimizer/in_backward.py), reads a parameter's state."""
+        state = self.state[p]
+        return TensorRef(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state.get("p_init"),
+                         state["step"], index, f"parameter {index} (param group {gi}, index {j})")
 
     def _current_plan(self, amp: bool = False) -> _Plan:
         plan = self._plan
