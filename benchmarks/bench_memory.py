@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import gc
 import math
 import os
@@ -270,6 +271,8 @@ def main(argv=None):
     print(f"# bench_memory on {where}, torch {torch.__version__}, luminamoon "
           f"{luminamoon.__version__}, {warmup} warm-up + {steps} timed steps")
     rows = []
+    stamp = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+                 device=where, torch=torch.__version__, luminamoon=luminamoon.__version__)
     for case_name in cases:
         if case_name == "large":
             if dev.type != "cuda":
@@ -310,7 +313,7 @@ def main(argv=None):
             if result is None:
                 print(f"{name:32s} {why}")
                 rows.append(dict(case=case_name, params=n, method=name, peak_gib="",
-                                 ms_per_step="", loss="", vs_normal="", note=why))
+                                 ms_per_step="", loss="", vs_normal="", note=why, **stamp))
                 continue
             if name == "luminamoon":
                 normal = result["losses"]
@@ -320,7 +323,8 @@ def main(argv=None):
                   f"{result['losses'][-1]:9.4f} {vs:>10s}")
             rows.append(dict(case=case_name, params=n, method=name, peak_gib=peak,
                              ms_per_step=f"{result['ms']:.1f}",
-                             loss=f"{result['losses'][-1]:.6f}", vs_normal=vs, note=""))
+                             loss=f"{result['losses'][-1]:.6f}", vs_normal=vs, note="",
+                             **stamp))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         fields = list(rows[0]) if rows else ["case"]

@@ -42,14 +42,23 @@ _CACHE_LIMIT = 4096  # bucket layouts kept (a model's backward repeats a handful
 # The hooks keep their stepper alive from the parameters (a reference cycle that the interpreter
 # may not collect before the native module's objects are checked at exit): the caches of the
 # live steppers (native groups among them) are dropped at exit.
+# (registered with atexit by the first stepper, not at import)
 _LIVE: "weakref.WeakSet[BucketStepper]" = weakref.WeakSet()
 
 
-@atexit.register
 def _drop_caches() -> None:
     for stepper in list(_LIVE):
         stepper.invalidate()
         stepper.opt._plan = None  # (offload's host optimizer steps through its own plan too)
+
+
+_LIVE_REGISTERED = False
+
+
+def _register_drop() -> None:
+    global _LIVE_REGISTERED
+    atexit.register(_drop_caches)
+    _LIVE_REGISTERED = True
 
 
 def _params_of(model_or_params) -> Any:
@@ -82,6 +91,8 @@ class BucketStepper:
         self._index_of: Optional[Tuple[int, ...]] = None
         # buckets whose finite flags are not read yet: (params, grads, flags, event)
         self.pending: collections.deque = collections.deque()
+        if not _LIVE_REGISTERED:
+            _register_drop()
         _LIVE.add(self)
 
     def invalidate(self) -> None:
