@@ -192,3 +192,36 @@ def test_host_buffers_pack_tensors_aligned_without_overlap(monkeypatch):
     assert len(storages) == 3
     assert bufs[6].untyped_storage().data_ptr() != bufs[5].untyped_storage().data_ptr()
     assert bufs[3].untyped_storage().nbytes() == 1216
+
+
+class _FakeEvent:
+    """A CUDA event's two calls the throttle makes, recorded."""
+
+    def __init__(self, log, name, done=False):
+        self.log, self.name, self.done = log, name, done
+
+    def synchronize(self):
+        self.log.append(self.name)
+        self.done = True
+
+    def query(self):
+        return self.done
+
+
+def test_gradient_copies_in_flight_are_bounded():
+    """Backward waits for the oldest gradient copy once more than inflight_buckets *
+    bucket_bytes are in flight (the GPU path; its events faked here), and never for the newest
+    one; copies found done are dropped without waiting."""
+    off = offload(_model(), backend="reference", bucket_bytes=100, inflight_buckets=2, **KW)
+    log = []
+    off._throttle(_FakeEvent(log, "a"), 100)
+    off._throttle(_FakeEvent(log, "b"), 100)
+    assert log == [] and off._inflight_bytes == 200  # at the limit: nobody waits
+    off._throttle(_FakeEvent(log, "c"), 100)
+    assert log == ["a"] and off._inflight_bytes == 200
+    off._throttle(_FakeEvent(log, "d"), 500)  # one bucket alone above the limit
+    assert log == ["a", "b", "c"] and off._inflight_bytes == 500
+    off._throttle(_FakeEvent(log, "e", done=True), 10)
+    assert log == ["a", "b", "c", "d"] and off._inflight_bytes == 0  # e was done: dropped
+    with pytest.raises(ValueError, match="inflight_buckets must be an int >= 1"):
+        offload(_model(), inflight_buckets=0)
