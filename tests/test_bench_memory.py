@@ -13,7 +13,7 @@ SCRIPT = os.path.join(os.path.dirname(HERE), "benchmarks", "bench_memory.py")
 def test_quick_run_on_cpu(tmp_path):
     out = tmp_path / "memory"
     res = subprocess.run([sys.executable, SCRIPT, "--quick", "--device", "cpu", "--out", str(out)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr + res.stdout
     with open(f"{out}.csv") as f:
         rows = {r["method"]: r for r in csv.DictReader(f)}

@@ -86,10 +86,10 @@ def test_in_backward_is_bitwise_the_normal_step(backend, dtype, request):
     assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
 
 
-def _peak(fn) -> int:
+def _peak(fn, *args) -> int:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    fn()
+    fn(*args)
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated()
 
@@ -109,11 +109,11 @@ def test_in_backward_saves_the_gradients():
         if mode == "normal":
             opt = LuminaMoon(model.parameters(), **KW)
             _normal(model, opt, data[:1])  # state created
-            peaks[mode] = _peak(lambda: _normal(model, opt, data[1:]))
+            peaks[mode] = _peak(_normal, model, opt, data[1:])
         else:
             ib = step_in_backward(model, bucket_bytes=bucket, **KW)
             _hooked(model, ib, data[:1])
-            peaks[mode] = _peak(lambda: _hooked(model, ib, data[1:]))
+            peaks[mode] = _peak(_hooked, model, ib, data[1:])
         del model
         torch.cuda.empty_cache()
     assert peaks["normal"] - peaks["in_backward"] >= grads - margin, (peaks, grads)
@@ -166,11 +166,11 @@ def test_offload_keeps_no_state_on_the_gpu():
         if mode == "normal":
             opt = LuminaMoon(model.parameters(), **KW)
             _normal(model, opt, data[:1])
-            peaks[mode] = _peak(lambda: _normal(model, opt, data[1:]))
+            peaks[mode] = _peak(_normal, model, opt, data[1:])
         else:
             off = offload(model, in_backward=True, bucket_bytes=4 << 20, **KW)
             _hooked(model, off, data[:1])
-            peaks[mode] = _peak(lambda: _hooked(model, off, data[1:]))
+            peaks[mode] = _peak(_hooked, model, off, data[1:])
             off.remove()
         del model
         torch.cuda.empty_cache()

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 
 from ._dtensor import local_tensor, shard_layout
-from ._groups import LaunchGroup, group_tensors, launch_grads
+from ._groups import LaunchGroup, TensorRef, group_tensors, launch_grads
 from ._plan import _plan_key
 from ._step import run_launch_groups
 from ._validation import check_grad, check_param, make_hyper, validate_hyperparameters, validate_lr

@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 
