@@ -286,8 +286,11 @@ class CpuOffload:
     def _wait_for(self, slots: List[int]) -> None:
         for i in slots:
             future = self._future_of.pop(i, None)
-            if future is not None:
-                future.result()  # the worker's error, if any, surfaces here
+            if future is not None and future.exception() is not None:
+                # the worker's error surfaces here, once: its bucket's other slots let go of it
+                for j in [j for j, f in self._future_of.items() if f is future]:
+                    del self._future_of[j]
+                future.result()
             event = self._param_event.pop(i, None)
             if event is not None:
                 torch.cuda.current_stream(self.device).wait_event(event)
