@@ -201,6 +201,18 @@ def available(name: str, dev: torch.device) -> str | None:
     return None
 
 
+def free_memory(dev) -> None:
+    """What a finished run held: its reference cycles (hooks and their owners), the GPU cache,
+    and torch's cache of pinned host memory (an offload's gigabytes, which the next method's
+    allocations of other sizes would not reuse)."""
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        host_empty = getattr(torch._C, "_host_emptyCache", None)
+        if host_empty is not None:
+            host_empty()
+
+
 def _sync(dev):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -234,8 +246,7 @@ def run(name: str, case: dict, dev: torch.device, warmup: int, steps: int, batch
     if hasattr(keep, "remove"):
         keep.remove()
     del model, keep, finish
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    free_memory(dev)
     return dict(peak=peak, ms=1e3 * statistics.median(times), losses=losses)
 
 
@@ -307,9 +318,8 @@ def main(argv=None):
                     result = run(name, case, dev, n_warm, n_steps, batches)
                 except torch.cuda.OutOfMemoryError:
                     why = "out of memory"
-            if why is not None and dev.type == "cuda":
-                gc.collect()  # the failed run's frames (its model) go with the traceback
-                torch.cuda.empty_cache()
+            if why is not None:
+                free_memory(dev)  # the failed run's frames (its model) go with the traceback
             if result is None:
                 print(f"{name:32s} {why}")
                 rows.append(dict(case=case_name, params=n, method=name, peak_gib="",
