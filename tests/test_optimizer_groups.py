@@ -243,7 +243,8 @@ def test_public_surface():
     import luminamoon
     import luminamoon.optimizer as opt_pkg
 
-    assert luminamoon.__all__ == ["LuminaMoon", "tdclm", "__version__"]
+    assert luminamoon.__all__ == ["LuminaMoon", "tdclm", "step_in_backward", "InBackward",
+                                  "offload", "CpuOffload", "__version__"]
     assert luminamoon.__version__ == "0.1.0"
     assert set(opt_pkg.__all__) == {"LuminaMoon", "tdclm"}
     assert issubclass(LuminaMoon, torch.optim.Optimizer)

@@ -4,6 +4,8 @@ Importing the package defines things and does nothing else: no device probing, n
 compilation, no kernel loading.
 """
 from .optimizer import LuminaMoon, tdclm
+from .optimizer.in_backward import InBackward, step_in_backward
+from .optimizer.offload import CpuOffload, offload
 
 
 def _read_version() -> str:
@@ -24,4 +26,5 @@ def _read_version() -> str:
 
 __version__ = _read_version()
 
-__all__ = ["LuminaMoon", "tdclm", "__version__"]
+__all__ = ["LuminaMoon", "tdclm", "step_in_backward", "InBackward", "offload", "CpuOffload",
+           "__version__"]

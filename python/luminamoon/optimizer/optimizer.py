@@ -13,7 +13,7 @@ import functools
 import inspect
 import sys
 from collections import defaultdict
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
@@ -215,7 +215,11 @@ class LuminaMoon(torch.optim.Optimizer):
         if backend == "aot":
             aot_bundle_dir(aot_bundle)  # no bundle given and none shipped: say so now
         if not isinstance(params, torch.Tensor):  # (torch's own check names a tensor)
-            params = list(params)
+            # (a group's params given as a generator, e.g. module.parameters(), is read once:
+            # a list, so that looking for the first tensor below does not consume it)
+            params = [dict(item, params=list(item["params"]))
+                      if isinstance(item, dict) and isinstance(item.get("params"), Iterator)
+                      else item for item in params]
         first = _first_tensor(params) if isinstance(params, list) else None
         home = local_tensor(first).device if first is not None else torch.device("cpu")
         self._seed: int = _draw_seed(home) if seed is None else int(seed)
@@ -400,10 +404,7 @@ class LuminaMoon(torch.optim.Optimizer):
                     if p not in self.state or len(self.state[p]) == 0:
                         self._init_state(p, group)
                         created.append(p)
-                    state = self.state[p]
-                    refs.append(TensorRef(p, p.grad, state["exp_avg"], state["exp_avg_sq"],
-                                          state.get("p_init"), state["step"], index,
-                                          f"parameter {index} (param group {gi}, index {j})"))
+                    refs.append(self._tensor_ref(p, gi, j, index))
                 hyper = make_hyper(group)
                 if amp:  # a GradScaler decides non-finite steps: skip them on the device
                     hyper = dataclasses.replace(hyper, nonfinite="skip")
@@ -427,6 +428,13 @@ class LuminaMoon(torch.optim.Optimizer):
                      self._has_dtensor())
         plan.amp = amp
         return plan
+
+    def _tensor_ref(self, p: torch.Tensor, gi: int, j: int, index: int) -> TensorRef:
+        """What group_tensors takes of parameter ``p`` (its state created), the one place a
+        step, here or inside backward (optimizer/in_backward.py), reads a parameter's state."""
+        state = self.state[p]
+        return TensorRef(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state.get("p_init"),
+                         state["step"], index, f"parameter {index} (param group {gi}, index {j})")
 
     def _current_plan(self, amp: bool = False) -> _Plan:
         plan = self._plan
