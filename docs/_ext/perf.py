@@ -67,7 +67,8 @@ def chart(table, impls, title, out_png):
     ax.axvline(100, color="black", linewidth=0.8)
     ax.set_xlabel("% of the copy ceiling (higher is better)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.7 / (0.42 * len(keys) + 1.6)),
+              ncol=len(impls), frameon=False)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
@@ -82,7 +83,7 @@ def table_md(table, impls):
         for impl in impls:
             r = by_impl.get(impl)
             cells.append("–" if r is None else
-                         f"{float(r['us_per_step']):.1f} us ({100 * float(r['ceiling_fraction']):.1f} %)")
+                         f"{float(r['us_per_step']):.1f}\u00a0us ({100 * float(r['ceiling_fraction']):.1f}\u00a0%)")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
