@@ -37,7 +37,7 @@ venv: $(VENV)/.deps-stamp
 # without an NVIDIA GPU the wheel is built without its default AOT bundle (the CPU engine runs
 # the demo; compiling the bundle's kernels would take minutes of two cores for nothing);
 # `make install` and `make test` build it. DEMO_BUNDLE=auto|OFF overrides the choice.
-DEMO_PACKAGES := numpy scikit-build-core nanobind tqdm matplotlib
+DEMO_PACKAGES := numpy scikit-build-core nanobind nlohmann-json tqdm matplotlib
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 DEMO_BUNDLE ?= $(if $(HAVE_GPU),auto,OFF)
 

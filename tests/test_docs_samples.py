@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,11 @@ REQUIRE = os.environ.get("LUMINAMOON_REQUIRE_DOCS", "") not in ("", "0")
 
 
 def _run_bash(example):
+    # a sample that installs or builds must be marked skip with the test that covers it: it
+    # would change this environment
+    assert not re.search(r"\b(pip install|make \w|cmake --install)", example.parsed), (
+        f"{example.path}:{example.line}: a sample that installs or builds runs only under a "
+        "<!-- skip: next \"reason\" --> marker naming the test that covers it")
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     proc = subprocess.run(["bash", "-e", "-c", example.parsed], cwd=ROOT, env=env,
@@ -46,7 +52,11 @@ def _sybil():
         import torch
 
         namespace["CUDA"] = torch.cuda.is_available()
-        namespace["INSTALLED"] = shutil.which("luminav", path=os.path.dirname(sys.executable)) is not None
+        from luminamoon.aot.default import packaged_bundle_dir
+
+        # the installed package with its bundle and the luminav command (make install's)
+        namespace["INSTALLED"] = (packaged_bundle_dir() is not None and shutil.which(
+            "luminav", path=os.path.dirname(sys.executable)) is not None)
 
     return Sybil(parsers=[PythonCodeBlockParser(), CodeBlockParser("bash", _run_bash),
                           SkipParser()]), setup
