@@ -38,8 +38,8 @@ extensions = [
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "_doxygen", "requirements.txt", "compatibility-table.md",
-                    "performance-generated.md"]
+# compatibility-table.md is written by scripts/test_matrix.py and included by compatibility.md
+exclude_patterns = ["_build", "_doxygen", "_generated", "compatibility-table.md"]
 
 html_theme = "furo"
 html_title = f"LuminaMoon {release}"
