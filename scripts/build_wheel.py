@@ -48,7 +48,7 @@ def check(wheel: Path) -> dict:
                              " build it with Triton in this environment")
         manifest = json.loads(z.read("luminamoon/bundle/manifest.json"))
         bundle = [i for i in z.infolist() if i.filename.startswith("luminamoon/bundle/")]
-        libs = sorted(n for n in names if ".libs/" in n)
+        libs = sorted(n for n in names if ".libs/" in n and not n.endswith("/"))
     return dict(wheel=str(wheel), tag=tag, bytes=size, kernels=len(manifest["kernels"]),
                 bundle_unpacked=sum(i.file_size for i in bundle),
                 bundle_packed=sum(i.compress_size for i in bundle), grafted=libs)
