@@ -308,11 +308,13 @@ def _pair_body(res: Result, pair: Pair, prefetch: Prefetch, wheel: Path, work: P
                f"--basetemp={work / f'pytest-tmp-{pair.torch}'}",
                # a test that hangs fails alone, with its stack, and the pair goes on
                f"--timeout={TEST_TIMEOUT_S}",
-               # make test runs these once: the C/C++ install and the bundle rule book link
-               # no torch and no Triton; the FSDP2+TP example's three torchrun launches of four
+               # make test runs these once: the C/C++ install, the bundle rule book and pip's
+               # isolated build (test_pip_install.py) use no torch and no Triton; the FSDP2+TP
+               # example's three torchrun launches of four
                # ranks (its placements run in every pair through test_dist_wrappers.py)
                # (ignore takes paths from tests/, deselect node ids from the rootdir)
                "--ignore=test_cmake_install.py", "--ignore=test_bundle_rules.py",
+               "--ignore=test_pip_install.py",
                "--deselect=tests/test_examples.py::test_fsdp_tp_trains_and_resumes_bitwise",
                "."],
               timeout=deadline - time.monotonic(), cwd=ROOT / "tests", env=test_env, log=log)
