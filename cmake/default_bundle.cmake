@@ -6,8 +6,10 @@
 #                   and its Triton, once: the result is kept in LUMINAMOON_BUNDLE_CACHE under a key
 #                   of the kernel sources' SHA-256, the archs and the Triton version, so later
 #                   builds of the same sources copy it (a full build takes about 10 minutes on two
-#                   cores). A build Python without Triton or torch (an isolated build environment)
-#                   takes a cached bundle of the same sources and archs built by any Triton.
+#                   cores). A build Python without Triton or torch (pip's isolated build
+#                   environment) takes a cached bundle of the same sources and archs built by any
+#                   Triton, and where there is none builds the wheel without a bundle (one line
+#                   says how to get one: `luminamoon aot build`, or a build with Triton).
 #   OFF             no bundle: backend="aot" then needs aot_bundle=DIR
 #   <folder>        that bundle, as it is
 #
@@ -125,13 +127,12 @@ function(luminamoon_default_bundle result)
       endif()
     endforeach()
     if(NOT bundle)
-      message(FATAL_ERROR "The default AOT bundle needs Triton and torch in the build's Python "
-        "(${Python_EXECUTABLE}), or a bundle of these kernel sources cached in "
-        "${LUMINAMOON_BUNDLE_CACHE} (none: ${stem}*). Build with an environment that has them "
-        "(pip install --no-build-isolation ., python -m build --no-isolation), point "
-        "LUMINAMOON_BUNDLE_CACHE at a cache that holds one, or build without a bundle: "
-        "-DLUMINAMOON_DEFAULT_BUNDLE=OFF (pip: "
-        "--config-settings=cmake.define.LUMINAMOON_DEFAULT_BUNDLE=OFF)")
+      # pip's isolated build environment (pip install ., pip install git+...) has no Triton: the
+      # wheel builds without a bundle, and says in one line how to get one.
+      message(STATUS "Default AOT bundle: none (no Triton in the build's Python); for backend=\"aot\" "
+        "run `luminamoon aot build --arch 80,90 --out DIR`, or build with Triton: "
+        "pip install triton && pip install --no-build-isolation . (cmake/default_bundle.cmake)")
+      return()
     endif()
     message(STATUS "Default AOT bundle: cached ${bundle} (the build's Python has no Triton)")
   endif()

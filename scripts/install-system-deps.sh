@@ -4,15 +4,24 @@
 # with its libFuzzer runtime for `make fuzz` (Debian 12: clang 14, libclang-rt-14-dev ships
 # libclang_rt.fuzzer).
 # With the argument "build": only what the wheel's own build needs (`make demo`); the tests'
-# GoogleTest and the fuzzers' clang are left out.
+# GoogleTest and the fuzzers' clang are left out. With "docs": Doxygen, which reads the C and C++
+# headers for the documentation (`make docs`). With "screenshot": Chromium, to look at a rendered
+# page headless (docs/README: `make docs-screenshot`).
 set -euo pipefail
 mode=${1:-all}
-case "$mode" in all|build) ;; *) echo "usage: $0 [all|build]" >&2; exit 2 ;; esac
+case "$mode" in all|build|docs|screenshot) ;; *) echo "usage: $0 [all|build|docs|screenshot]" >&2; exit 2 ;; esac
 need=()
+if [ "$mode" = docs ] || [ "$mode" = screenshot ]; then
+  command -v doxygen >/dev/null 2>&1 || need+=(doxygen)
+  [ "$mode" = screenshot ] && { command -v chromium >/dev/null 2>&1 || need+=(chromium); }
+  mode=none
+fi
+if [ "$mode" != none ]; then
 [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
 [ -f /usr/include/openssl/evp.h ] || need+=(libssl-dev)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
+fi
 if [ "$mode" = all ]; then
   [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
   command -v clang++ >/dev/null 2>&1 || need+=(clang)

