@@ -137,7 +137,7 @@ class CpuOffload:
         if backend is None or backend == "cpu":
             backend = get_backend("cpu", "cpu")
             if num_threads:
-                from .backends.native import CpuBackend
+                from .backends.cpu import CpuBackend
 
                 backend = CpuBackend(num_threads)
         self.optimizer = LuminaMoon(host_groups, backend=backend, **optimizer_kwargs)
