@@ -35,6 +35,44 @@ from luminamoon.kernels import quant
 from luminamoon.optimizer.backends.reference import ReferenceBackend
 
 
+def fidelity(opt, maps, seed: int):
+    """How well each codebook pair keeps real moments: the float32 moments ``opt`` holds after
+    training, quantized once as a step stores them (block scales, stochastic rounding with a
+    fixed stream), then decoded. Returns {map: (relative RMS error of m, of v, of the Adam
+    direction m / (sqrt(v) + eps), fraction of nonzero m and of nonzero v decoded as 0)}."""
+    from luminamoon.optimizer import rng
+
+    out = {}
+    for name in maps:
+        err = {"m": [0.0, 0.0], "v": [0.0, 0.0], "u": [0.0, 0.0]}
+        zeros = {"m": [0, 0], "v": [0, 0]}
+        for k, (p, state) in enumerate(opt.state.items()):
+            if not quant.q8_eligible(p.numel()):
+                continue
+            rows, kk = quant.block_rows(p.shape)
+            decoded = {}
+            for key, signed, stream in (("m", True, 3), ("v", False, 4)):
+                x = state["exp_avg" if signed else "exp_avg_sq"].reshape(-1).float()
+                scales = quant.expand_scales(quant.block_scales(x, rows, kk), rows, kk)
+                table = quant.codebook(signed, name)
+                words = rng.stream_words(rng.rounding_seed(seed, 1, k), 0, x.numel(), stream,
+                                         "cpu")
+                codes = quant.quantize(x, scales, table, words, quant.zero_code(signed, name))
+                y = quant.dequantize(codes, scales, table)
+                decoded[key] = (x, y)
+                err[key][0] += float(((y - x).double() ** 2).sum())
+                err[key][1] += float((x.double() ** 2).sum())
+                zeros[key][0] += int(((x != 0) & (y == 0)).sum())
+                zeros[key][1] += int((x != 0).sum())
+            (m, mq), (v, vq) = decoded["m"], decoded["v"]
+            u, uq = m / (v.sqrt() + 1e-8), mq / (vq.sqrt() + 1e-8)
+            err["u"][0] += float(((uq - u).double() ** 2).sum())
+            err["u"][1] += float((u.double() ** 2).sum())
+        out[name] = tuple(math.sqrt(a / b) for a, b in err.values()) + tuple(
+            a / max(1, b) for a, b in zeros.values())
+    return out
+
+
 def train(session: Session, state_dtype, codebooks, backend):
     cfg = session.cfg
     model = session.fresh_model("float32")
@@ -54,7 +92,7 @@ def train(session: Session, state_dtype, codebooks, backend):
         opt.step()
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             vals.append((step + 1, session.evaluate(model)))
-    return vals, time.perf_counter() - start
+    return vals, time.perf_counter() - start, opt
 
 
 # (name, [(shape, count)]): GPT-2 small (124M: HF Conv1D weights are (in, out)) and a Llama-like
@@ -129,14 +167,28 @@ def main() -> int:
     runs += [(f"q8 {m}", "q8", m, "reference") for m in args.maps.split(",") if m]
     results = {}
     for label, state_dtype, codebooks, backend in runs:
-        vals, seconds = train(session, state_dtype, codebooks, backend)
+        vals, seconds, opt = train(session, state_dtype, codebooks, backend)
         results[label] = vals
+        if label == "float32":
+            baseline_opt = opt
         print(f"{label:<16} final val {vals[-1][1]:.4f}  ({seconds:.0f} s)", flush=True)
         for step, val in vals:
             rows.append(dict(kind="val_loss", model="demo", state_dtype=str(state_dtype)
                              .replace("torch.", ""), codebooks=codebooks or "", step=step,
                              value=f"{val:.5f}",
                              extra=f"seconds={seconds:.1f};backend={backend};steps={cfg.steps}"))
+    if "float32" in results:
+        maps = list(quant.CANDIDATES)
+        print(f"\nmoments of the float32 run after {cfg.steps} steps, stored once as q8:")
+        print(f"{'codebooks':<12} {'rms err m':>10} {'rms err v':>10} {'rms err u':>10} "
+              f"{'m -> 0':>8} {'v -> 0':>8}")
+        for name, (em, ev, eu, zm, zv) in fidelity(baseline_opt, maps,
+                                                   args.seed).items():
+            print(f"{name:<12} {em:10.5f} {ev:10.5f} {eu:10.5f} {zm:8.2%} {zv:8.2%}")
+            rows.append(dict(kind="fidelity", model="demo", state_dtype="q8", codebooks=name,
+                             step=cfg.steps, value=f"{eu:.6f}",
+                             extra=f"rms_m={em:.6f};rms_v={ev:.6f};m_to_0={zm:.6f};"
+                                   f"v_to_0={zv:.6f}"))
     base = results["float32"][-1][1] if "float32" in results else math.nan
     print(f"\n{'run':<16} {'final val':>9} {'vs fp32':>9} {'mean val (2nd half)':>20}")
     for label, vals in results.items():
