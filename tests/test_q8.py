@@ -265,7 +265,7 @@ def test_step_matches_a_float64_computation_of_the_spec():
     opt = LuminaMoon([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd, clip=0.0,
                      nonfinite="propagate", state_dtype="q8", seed=seed, backend="reference")
     s = opt.state
-    codes = (torch.full(shape, 127, dtype=torch.uint8), torch.zeros(3, 8),
+    codes = (torch.full(shape, quant.zero_code(True), dtype=torch.uint8), torch.zeros(3, 8),
              torch.full(shape, 0, dtype=torch.uint8), torch.zeros(3, 8))
     for t in (1, 2, 3):
         g = torch.randn(shape) * (10.0 ** torch.randint(-4, 1, shape))
@@ -448,3 +448,12 @@ def test_dtensor_q8_is_refused_by_name(tmp_path):
     from conftest import spawn_ranks
 
     spawn_ranks(_dtensor_rank, 2, str(tmp_path))
+
+
+def test_power_codebook_formula_spot_values():
+    m, v = quant.codebook(True, "power-3-4"), quant.codebook(False, "power-3-4")
+    assert m[64].item() == -0.125  # -(64/128)**3, exact
+    assert m[128].item() == 0.0 and m[0].item() == -1.0 and m[255].item() == 1.0
+    assert m[129].item() == np.float32((1 / 127) ** 3)
+    assert v[1].item() == np.float32((1 / 255) ** 4)
+    assert v[51].item() == np.float32(0.2 ** 4)  # 51/255 = 0.2

@@ -78,7 +78,7 @@ CANDIDATES: Dict[str, Tuple[Callable[[], List[float]], Callable[[], List[float]]
 }
 # The codebooks q8 stores with, chosen by measurement on the demo's model
 # (benchmarks/results/2026-12-06-q8-codebooks.md).
-CHOSEN = "dynamic"
+CHOSEN = "power-3-4"
 
 
 @functools.lru_cache(maxsize=None)
