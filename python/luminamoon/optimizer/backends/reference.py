@@ -4,7 +4,8 @@ It is the oracle the other backends are tested against, and the fallback whereve
 faster runs. It follows docs/internals.md line by line; the numbered comments below carry the
 same wording as the kernels'. Nothing here synchronises with the host: the step count, the
 bias corrections, the rounding keys, the clip threshold and the skip decision stay on the
-device.
+device. q8 moments (state_dtype "q8") are decoded and re-encoded with kernels/quant.py, whole
+tensors at a time (no loop over blocks or elements).
 """
 from __future__ import annotations
 
