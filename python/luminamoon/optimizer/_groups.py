@@ -13,8 +13,9 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
+from ..kernels.quant import Q8, block_rows, q8_eligible
 from ..kernels.layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, LaunchFlags  # noqa: F401
-from ._dtensor import local_tensor, shard_layout
+from ._dtensor import is_dtensor, local_tensor, shard_layout
 from .memory_layout import DIRECT, FLAT, STAGED, flat_view, layout_mode
 
 
@@ -87,6 +88,12 @@ class LaunchGroup:
     modes: Optional[Tuple[str, ...]] = None
     stage_in: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     stage_out: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # q8 moments (state_dtype "q8", kernels/quant.py): exp_avgs/exp_avg_sqs hold uint8 codes;
+    # these hold each tensor's float32 scales and its (R, K) rows of the global shape. None
+    # for groups of float moments.
+    exp_avg_scales: Optional[List[torch.Tensor]] = None
+    exp_avg_sq_scales: Optional[List[torch.Tensor]] = None
+    q8_rows: Optional[List[Tuple[int, int]]] = None
 
     def __len__(self) -> int:
         return len(self.params)
@@ -111,6 +118,8 @@ class TensorRef(NamedTuple):
     step: torch.Tensor
     index: int  # k, the parameter's index in the rounding streams
     name: str  # how errors name it
+    exp_avg_scale: Optional[torch.Tensor] = None  # q8 moments: the float32 scales
+    exp_avg_sq_scale: Optional[torch.Tensor] = None
 
 
 def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: torch.dtype,
@@ -127,27 +136,34 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
     for t in tensors:
         layout = shard_layout(t.param, t.name)
         local = local_tensor(t.param)
+        # state_dtype "q8": the tensors the rule makes eligible (global numel) step q8 moments,
+        # the others float32 moments, in groups of their own
+        tensor_state = _tensor_state_dtype(t, layout, state_dtype)
+        q8 = tensor_state == Q8
         # an index map matters only where stochastic rounding draws words (bf16 storage)
-        sr = hyper.stochastic_rounding and torch.bfloat16 in (t.param.dtype, state_dtype)
+        sr = hyper.stochastic_rounding and torch.bfloat16 in (t.param.dtype, tensor_state)
         index_map = layout.index_map if sr else None
         key = (local.device, t.param.dtype, t.grad.dtype, layout.reduce_dims, layout.mesh_dims,
-               index_map is not None)
+               index_map is not None, tensor_state)
         entry = buckets.get(key)
         if entry is None:
             group = LaunchGroup(
                 device=local.device, param_dtype=t.param.dtype, grad_dtype=t.grad.dtype,
-                state_dtype=state_dtype, hyper=hyper, lr=lr, seed=int(seed), params=[],
+                state_dtype=tensor_state, hyper=hyper, lr=lr, seed=int(seed), params=[],
                 grads=[], exp_avgs=[], exp_avg_sqs=[],
                 p_inits=[] if hyper.bound_mode else None, steps=[], param_indices=[],
                 elem_offsets=[], global_numels=[], reduce_dims=layout.reduce_dims,
                 mesh_dims=layout.mesh_dims)
+            if q8:
+                group.exp_avg_scales, group.exp_avg_sq_scales, group.q8_rows = [], [], []
             entry = buckets[key] = (group, [])
         group, owners = entry
         tensors_of = [local, local_tensor(t.grad), local_tensor(t.exp_avg),
                       local_tensor(t.exp_avg_sq)]
         if hyper.bound_mode:
             tensors_of.append(local_tensor(t.p_init))
-        mode = layout_mode(tensors_of, sr=group.flags.sr)
+        # (q8 blocks follow the logical element order: never the flat mode)
+        mode = layout_mode(tensors_of, sr=group.flags.sr or q8)
         if mode != DIRECT and group.modes is None:
             group.modes = (DIRECT,) * len(group.params)
         if group.modes is not None:
@@ -163,12 +179,37 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
         group.param_indices.append(int(t.index))
         group.elem_offsets.append(layout.elem_offset)
         group.global_numels.append(layout.global_numel)
+        if q8:
+            group.exp_avg_scales.append(t.exp_avg_scale)
+            group.exp_avg_sq_scales.append(t.exp_avg_sq_scale)
+            group.q8_rows.append(block_rows(t.param.shape))
         if index_map is not None:
             if group.index_maps is None:
                 group.index_maps = []
             group.index_maps.append(index_map)
         owners.append(t.param)
     return list(buckets.values())
+
+
+def _tensor_state_dtype(t: TensorRef, layout, state_dtype) -> Union[torch.dtype, str]:
+    """The storage of one tensor's moments: ``state_dtype``, except under "q8" a tensor below
+    the size rule (kernels/quant.py, decided on the global shape), which keeps float32."""
+    if state_dtype != Q8:
+        return state_dtype
+    if not q8_eligible(layout.global_numel):
+        return torch.float32
+    if is_dtensor(t.param):
+        raise ValueError(
+            f"{t.name} is a DTensor and state_dtype='q8': q8 moments of DTensor parameters "
+            f"are not supported yet (a block cut by a shard boundary needs the whole block's "
+            f"scale). Fix: state_dtype=torch.bfloat16 or torch.float32 for this param group")
+    for what, codes, scales in (("exp_avg", t.exp_avg, t.exp_avg_scale),
+                                ("exp_avg_sq", t.exp_avg_sq, t.exp_avg_sq_scale)):
+        if local_tensor(codes).dtype != torch.uint8 or scales is None:
+            raise ValueError(f"{t.name}: state_dtype='q8' needs uint8 codes in {what!r} and "
+                             f"float32 scales in {what + '_scale'!r}; got {codes.dtype} codes "
+                             f"and {'no' if scales is None else 'given'} scales")
+    return Q8
 
 
 def _launch_tensors(group: LaunchGroup, tensors: List[torch.Tensor], mode: str

@@ -21,6 +21,8 @@ from typing import Any, Dict, List, NamedTuple
 
 import torch
 
+from ..kernels.quant import Q8
+from . import _q8_state
 from ._dtensor import is_dtensor, local_tensor
 from ._validation import torch_flags, validate_hyperparameters, validate_seed
 from .memory_layout import state_like
@@ -87,6 +89,11 @@ def load(opt, state_dict: Dict[str, Any]) -> Loaded:
             new["param_names"] = group["param_names"]
         for key in ("foreach", "fused", "capturable", "differentiable"):
             new.setdefault(key, opt.defaults.get(key))
+        # q8 moments and float moments convert into each other on load (with a warning): the
+        # optimizer keeps its own state_dtype where either side is q8
+        mine, theirs = group.get("state_dtype"), new.get("state_dtype")
+        if Q8 in (_q8_name(mine), _q8_name(theirs)):
+            new["state_dtype"] = mine
         torch_flags(new["foreach"], new["fused"], new["capturable"], new["differentiable"])
         validate_hyperparameters(new, where=where)
         if "seed" in new:
@@ -122,17 +129,29 @@ def load(opt, state_dict: Dict[str, Any]) -> Loaded:
     group_of = {id(p): g for g in new_groups for p in g["params"]}
     index_of = {id(p): k for k, p in enumerate(params)}
     state: Dict[Any, Dict[str, Any]] = {}
+    converted: Dict[tuple, int] = {}
     for saved_id, values in state_dict["state"].items():
         p = owner.get(saved_id)
         if p is None:  # state of no current parameter: kept as it is (as torch does)
             state[saved_id] = values
             continue
-        state[p] = _param_state(p, values, group_of[id(p)], f"parameter {index_of[id(p)]}")
+        state[p] = _param_state(p, values, group_of[id(p)], f"parameter {index_of[id(p)]}",
+                                converted)
+    for (src, dst), count in converted.items():
+        warnings.warn(
+            f"the state dict holds the moments of {count} parameter(s) as {src}; this "
+            f"optimizer keeps them as {dst} (state_dtype): converted on load"
+            f"{' (each value rounded to its nearest q8 code)' if dst == 'q8' else ''}",
+            UserWarning, stacklevel=4)
     return Loaded(state, new_groups, seed, skipped)
 
 
-def _param_state(p: torch.Tensor, values: Any, group: Dict[str, Any], name: str
-                 ) -> Dict[str, Any]:
+def _q8_name(state_dtype: Any) -> Any:
+    return Q8 if isinstance(state_dtype, str) and state_dtype == Q8 else None
+
+
+def _param_state(p: torch.Tensor, values: Any, group: Dict[str, Any], name: str,
+                 converted: Dict[tuple, int]) -> Dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"the state dict's state of {name} must be a dict, got "
                          f"{type(values).__name__}")
@@ -146,13 +165,19 @@ def _param_state(p: torch.Tensor, values: Any, group: Dict[str, Any], name: str
                              f"{sorted(values)}); load a LuminaMoon state dict")
     out["step"] = torch.tensor(_int_count(values["step"], f"the state dict's step of {name}"),
                                dtype=torch.int64, device=local.device)
-    sr = bool(group["stochastic_rounding"]) and torch.bfloat16 in (p.dtype, group["state_dtype"])
-    wanted = {"exp_avg": group["state_dtype"], "exp_avg_sq": group["state_dtype"],
-              "p_init": p.dtype}
+    state_dtype = group["state_dtype"]
+    sr = bool(group["stochastic_rounding"]) and torch.bfloat16 in (p.dtype, state_dtype)
+    moments, conversion = _q8_state.load_moments(p, values, state_dtype, sr, name)
+    if conversion is not None:
+        converted[conversion] = converted.get(conversion, 0) + 1
+    out.update(moments)
+    # (under q8 a tensor below the size rule keeps float32 moments)
+    float_moments = torch.float32 if _q8_name(state_dtype) else state_dtype
+    wanted = {"exp_avg": float_moments, "exp_avg_sq": float_moments, "p_init": p.dtype}
     # (a bounded group's state without p_init loads: the step then names the repair,
     # optimizer.reset_p_init(), before it changes anything)
     for key, value in values.items():
-        if key == "step":
+        if key == "step" or key in moments or key in _q8_state.SCALE_KEYS.values():
             continue
         if key not in wanted:
             out[key] = value

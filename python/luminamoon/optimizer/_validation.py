@@ -9,10 +9,11 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import torch
 
+from ..kernels.quant import Q8
 from ._groups import BOUND_MODES, NONFINITE_POLICIES, Hyper
 from .backends.base import BACKEND_NAMES, Backend
 
-STATE_DTYPES = (torch.float32, torch.bfloat16)
+STATE_DTYPES = (torch.float32, torch.bfloat16, Q8)
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay", "clip", "bound_mode", "bound", "maximize",
               "nonfinite", "stochastic_rounding", "state_dtype")
 
@@ -112,9 +113,11 @@ def validate_hyperparameters(group: Mapping[str, Any], where: str = "") -> None:
         raise ValueError(f"nonfinite{where} must be one of {NONFINITE_POLICIES}, got {policy!r}")
     _flag("stochastic_rounding", group["stochastic_rounding"], where)
     state_dtype = group["state_dtype"]
-    if state_dtype not in STATE_DTYPES:
+    if not any(state_dtype is d or (type(state_dtype) is type(d) and state_dtype == d)
+               for d in STATE_DTYPES):
         raise ValueError(
-            f"state_dtype{where} must be torch.float32 or torch.bfloat16, got {state_dtype!r}")
+            f"state_dtype{where} must be torch.float32, torch.bfloat16 or 'q8' (8-bit moments, "
+            f"docs/tdclm.md), got {state_dtype!r}")
 
 
 def torch_flags(foreach: Any, fused: Any, capturable: Any, differentiable: Any) -> dict:

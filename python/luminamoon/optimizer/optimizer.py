@@ -17,7 +17,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
-from . import _state_dict
+from ..kernels.quant import Q8
+from . import _q8_state, _state_dict
 from ._device import _get_generator
 from ._dtensor import is_dtensor, local_tensor, shard_layout
 from ._groups import LaunchGroup, TensorRef, group_tensors
@@ -173,7 +174,10 @@ class LuminaMoon(torch.optim.Optimizer):
         nonfinite: "skip" (skip the whole step on the device), "raise" (FloatingPointError
             before any change) or "propagate" (as torch.optim.AdamW).
         stochastic_rounding: round bf16 stores stochastically with the seeded streams.
-        state_dtype: dtype of the moments, torch.float32 or torch.bfloat16.
+        state_dtype: storage of the moments: torch.float32, torch.bfloat16, or "q8" (one byte
+            a moment and element plus a float32 scale per block of 256, about 2.03 B a
+            parameter for both moments, for tensors of at least 4096 elements; smaller ones
+            keep float32 moments; docs/tdclm.md, "Quantized moments (q8)").
         seed: 64-bit base seed of the rounding streams; drawn once from the first parameter's
             device generator when None. Saved in the state dict.
         backend: "auto", "reference", "triton", "cpu", "aot" (or a Backend instance).
@@ -329,8 +333,12 @@ class LuminaMoon(torch.optim.Optimizer):
         state = self.state[p]
         sr = self._sr(p, group)
         state["step"] = torch.zeros((), dtype=torch.int64, device=local_tensor(p).device)
-        state["exp_avg"] = state_like(p, group["state_dtype"], sr)
-        state["exp_avg_sq"] = state_like(p, group["state_dtype"], sr)
+        if _q8_state.is_q8(p, group["state_dtype"]):
+            state.update(_q8_state.new_state(p))
+        else:  # (under q8, a tensor below the size rule keeps float32 moments)
+            dtype = torch.float32 if group["state_dtype"] == Q8 else group["state_dtype"]
+            state["exp_avg"] = state_like(p, dtype, sr)
+            state["exp_avg_sq"] = state_like(p, dtype, sr)
         if group["bound_mode"] != "none":
             state["p_init"] = state_like(p, p.dtype, sr).copy_(p.detach())
 
@@ -346,8 +354,12 @@ class LuminaMoon(torch.optim.Optimizer):
                 or step.device != local.device):
             raise ValueError(f"{name}: state 'step' must be a 0-dim int64 tensor on "
                              f"{local.device}, got {step!r}")
-        for key in ("exp_avg", "exp_avg_sq"):
-            check_state_tensor(p, state[key], key, group["state_dtype"], name)
+        if _q8_state.is_q8(p, group["state_dtype"]):
+            _q8_state.check_state(p, state, name)
+        else:
+            dtype = torch.float32 if group["state_dtype"] == Q8 else group["state_dtype"]
+            for key in ("exp_avg", "exp_avg_sq"):
+                check_state_tensor(p, state[key], key, dtype, name)
         if group["bound_mode"] != "none":
             if "p_init" not in state:
                 raise ValueError(
@@ -434,7 +446,8 @@ class LuminaMoon(torch.optim.Optimizer):
         step, here or inside backward (optimizer/in_backward.py), reads a parameter's state."""
         state = self.state[p]
         return TensorRef(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state.get("p_init"),
-                         state["step"], index, f"parameter {index} (param group {gi}, index {j})")
+                         state["step"], index, f"parameter {index} (param group {gi}, index {j})",
+                         state.get("exp_avg_scale"), state.get("exp_avg_sq_scale"))
 
     def _current_plan(self, amp: bool = False) -> _Plan:
         plan = self._plan

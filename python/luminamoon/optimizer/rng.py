@@ -58,6 +58,9 @@ SPLITMIX_MUL2 = 0x94D049BB133111EB
 STREAM_PARAM = 0
 STREAM_EXP_AVG = 1
 STREAM_EXP_AVG_SQ = 2
+# q8 moments (docs/tdclm.md, "Quantized moments (q8)"): the requantization of m and of v.
+STREAM_Q8_EXP_AVG = 3
+STREAM_Q8_EXP_AVG_SQ = 4
 
 Word = Union[int, torch.Tensor]
 

@@ -12,12 +12,17 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from ...kernels.quant import Q8
 from .._groups import LaunchGroup
 from .base import BACKEND_NAMES, Backend
 from .reference import ReferenceBackend
 
 __all__ = ["BACKEND_NAMES", "BackendUnavailableError", "aot_bundle_dir", "get_backend",
            "select_backend"]
+
+# The backends that step q8 moments (state_dtype="q8"); "auto" falls back to the reference
+# backend for them where its first choice does not.
+Q8_BACKENDS = ("reference",)
 
 _FIXES = {
     "triton": "install Triton (pip install 'luminamoon[triton]'), or pass backend='reference'",
@@ -151,6 +156,11 @@ def select_backend(choice, group: LaunchGroup, *, aot_bundle=None) -> Backend:
         return backend
     if choice == "auto":
         return _instance("reference")
+    if group.state_dtype == Q8:
+        raise ValueError(
+            f"backend {backend.name!r} does not step state_dtype='q8' yet ({_describe(group)}); "
+            f"the backends that support q8 moments: {', '.join(Q8_BACKENDS)}. Fix: "
+            f"backend='auto' or 'reference', or state_dtype=torch.float32 or torch.bfloat16")
     raise ValueError(
         f"backend {backend.name!r} cannot step {_describe(group)}; use backend='auto' or "
         f"'reference', or move those parameters to a device and dtype that {backend.name!r} "

@@ -4,7 +4,8 @@ It is the oracle the other backends are tested against, and the fallback whereve
 faster runs. It follows docs/internals.md line by line; the numbered comments below carry the
 same wording as the kernels'. Nothing here synchronises with the host: the step count, the
 bias corrections, the rounding keys, the clip threshold and the skip decision stay on the
-device.
+device. q8 moments (state_dtype "q8") are decoded and re-encoded with kernels/quant.py, whole
+tensors at a time (no loop over blocks or elements).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ...kernels import quant
 from .. import rng
 from .._dtensor import global_indices
 from .._groups import LaunchGroup
@@ -106,8 +108,9 @@ def _sr_dtype_active(group: LaunchGroup, dtype: torch.dtype) -> bool:
 class _TensorStep:
     """One tensor j of a launch group: the shared pass-1/pass-2 arithmetic."""
 
-    def __init__(self, group: LaunchGroup, j: int):
+    def __init__(self, group: LaunchGroup, j: int, codebooks: Optional[str] = None):
         self.group = group
+        self.codebooks = codebooks  # q8: the codebooks' name (None: the chosen ones)
         self.j = j
         h = group.hyper
         self.param = group.params[j]
@@ -141,21 +144,52 @@ class _TensorStep:
         return rng.round_to_storage(x, dtype, words)
 
     # -- steps 1-4 ----------------------------------------------------------------------
+    def q8_tables(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The signed (m) and unsigned (v) codebooks on the tensor's device."""
+        return (quant.codebook(True, self.codebooks, self.param.device),
+                quant.codebook(False, self.codebooks, self.param.device))
+
+    def stored_moments(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """m and v as float32, flat: q8 codes dequantized (scale * codebook[code])."""
+        if self.group.state_dtype != quant.Q8:
+            return (self.exp_avg.reshape(-1).to(torch.float32),
+                    self.exp_avg_sq.reshape(-1).to(torch.float32))
+        rows, k = self.group.q8_rows[self.j]
+        table_m, table_v = self.q8_tables()
+        scale_m = quant.expand_scales(self.group.exp_avg_scales[self.j], rows, k)
+        scale_v = quant.expand_scales(self.group.exp_avg_sq_scales[self.j], rows, k)
+        return (quant.dequantize(self.exp_avg, scale_m, table_m),
+                quant.dequantize(self.exp_avg_sq, scale_v, table_v))
+
+    def requantize(self, x: torch.Tensor, signed: bool):
+        """(codes, scales) of flat float32 ``x`` (m' when ``signed``, else v'): each block's
+        scale is its largest |x| (NaN for a non-finite block), each code rounded stochastically
+        with R16 of stream 3 (m) or 4 (v)."""
+        rows, k = self.group.q8_rows[self.j]
+        table = self.q8_tables()[0 if signed else 1]
+        scales = quant.block_scales(x, rows, k)
+        stream = rng.STREAM_Q8_EXP_AVG if signed else rng.STREAM_Q8_EXP_AVG_SQ
+        codes = quant.quantize(x, quant.expand_scales(scales, rows, k), table,
+                               self.words(stream), quant.zero_code(signed, self.codebooks))
+        return codes, scales
+
     def moments_and_direction(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(m stored, v stored, u): steps 1-4, shared by pass 1 and pass 2."""
+        """(m stored, v stored, u): steps 1-4, shared by pass 1 and pass 2. For q8 moments
+        m' and v' come back unrounded (float32): pass 2 requantizes them."""
         h = self.group.hyper
         state_dtype = self.group.state_dtype
         rbc1 = 1.0 / _bias_correction(h.beta1, self.t)  # float32, once per tensor
         rbc2 = 1.0 / _bias_correction(h.beta2, self.t)
         grad = self.grad.reshape(-1).to(torch.float32)
-        m = self.exp_avg.reshape(-1).to(torch.float32)
-        v = self.exp_avg_sq.reshape(-1).to(torch.float32)
+        m, v = self.stored_moments()
         # 1. gradient, sign applied
         g = grad * self.sign
         # 2. moments
         m_new = m * h.beta1 + g * self.one_minus_beta1
         v_new = v * h.beta2 + (g * g) * self.one_minus_beta2
-        # 3. round moments to their storage dtype (streams 1 and 2)
+        # 3. round moments to their storage dtype (streams 1 and 2); q8: not rounded
+        if state_dtype == quant.Q8:
+            return m_new, v_new, (m_new * rbc1) / (sqrt_rn(v_new * rbc2) + h.eps)
         m_store = self.store_round(m_new, state_dtype, rng.STREAM_EXP_AVG)
         v_store = self.store_round(v_new, state_dtype, rng.STREAM_EXP_AVG_SQ)
         m_new = m_store.to(torch.float32)
@@ -171,9 +205,17 @@ class ReferenceBackend(Backend):
     name = "reference"
     index_maps = True
 
+    def __init__(self, codebooks: Optional[str] = None):
+        # q8 codebooks other than the chosen ones (kernels/quant.py, CANDIDATES): only for
+        # measuring a candidate (benchmarks/bench_q8_codebooks.py)
+        if codebooks is not None and codebooks not in quant.CANDIDATES:
+            raise ValueError(f"codebooks must be one of {sorted(quant.CANDIDATES)} or None, "
+                             f"got {codebooks!r}")
+        self.codebooks = codebooks
+
     def supports(self, group: LaunchGroup) -> bool:
         return (group.param_dtype.is_floating_point and group.grad_dtype.is_floating_point
-                and group.state_dtype in (torch.float32, torch.bfloat16))
+                and group.state_dtype in (torch.float32, torch.bfloat16, quant.Q8))
 
     # -- pass 1 -------------------------------------------------------------------------
     def pass1(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
@@ -186,7 +228,7 @@ class ReferenceBackend(Backend):
                 continue
             bad_flags.append(~torch.isfinite(grad).all())
             if need_sum:
-                _, _, u = _TensorStep(group, j).moments_and_direction()
+                _, _, u = _TensorStep(group, j, self.codebooks).moments_and_direction()
                 stats[j] = torch.sum(u * u, dtype=torch.float32)
         group.stats = stats
         if bad_flags:
@@ -207,7 +249,7 @@ class ReferenceBackend(Backend):
             param = group.params[j]
             if param.numel() == 0:
                 continue
-            ts = _TensorStep(group, j)
+            ts = _TensorStep(group, j, self.codebooks)
             m_store, v_store, u = ts.moments_and_direction()
             # 5. soft clip (pass 2 only)
             if use_clip:
@@ -225,9 +267,16 @@ class ReferenceBackend(Backend):
                 else:
                     r = h.bound * sqrt_rn(p0 * p0 + REL_BOUND_FLOOR)
                 q = torch.minimum(torch.maximum(q, p0 - r), p0 + r)
-            # 8. store p (stream 0), m, v, each rounded to its storage dtype
+            # 8. store p (stream 0), m, v, each rounded to its storage dtype (q8: new block
+            #    scales, codes rounded with streams 3 and 4)
             p_store = ts.store_round(q, group.param_dtype, rng.STREAM_PARAM)
             _store(param, p_store, skip)
+            if group.state_dtype == quant.Q8:
+                m_codes, m_scales = ts.requantize(m_store, signed=True)
+                v_codes, v_scales = ts.requantize(v_store, signed=False)
+                _store(group.exp_avg_scales[j], m_scales, skip)
+                _store(group.exp_avg_sq_scales[j], v_scales, skip)
+                m_store, v_store = m_codes, v_codes
             _store(group.exp_avgs[j], m_store, skip)
             _store(group.exp_avg_sqs[j], v_store, skip)
 
