@@ -78,10 +78,24 @@ def test_hyperparameter_edited_to_an_invalid_value_refuses_the_step():
         opt.step()
 
 
-def test_group_seed_must_match_the_optimizer_seed():
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True, "7"])
+def test_a_groups_seed_outside_the_64_bit_range_is_refused(seed):
     opt = LuminaMoon([torch.nn.Parameter(torch.ones(2))], seed=5)
-    with pytest.raises(ValueError, match=r"seed \(param group 1\) is 6 but the optimizer's seed is 5"):
-        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))], "seed": 6})
+    with pytest.raises(ValueError, match=r"seed \(param group 1\) must be None or an integer "
+                                         r"in \[0, 2\*\*64\), got "):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))], "seed": seed})
+    assert len(opt.param_groups) == 1
+
+
+def test_a_groups_seed_edited_to_an_invalid_value_refuses_the_step():
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = LuminaMoon([p], backend="reference")
+    opt.param_groups[0]["seed"] = None
+    with pytest.raises(ValueError, match=r"seed \(param group 0\) must be an integer in "
+                                         r"\[0, 2\*\*64\), got None"):
+        opt.step()
+    assert torch.equal(p.detach(), torch.ones(3)) and len(opt.state) == 0
 
 
 def test_non_floating_parameters_are_refused():

@@ -134,11 +134,14 @@ def torch_flags(foreach: Any, fused: Any, capturable: Any, differentiable: Any) 
     return dict(foreach=foreach, fused=True, capturable=True, differentiable=False)
 
 
-def validate_seed(seed: Any) -> None:
-    if seed is None:
+def validate_seed(seed: Any, where: str = "", allow_none: bool = True) -> None:
+    """A seed as given (None: drawn, or the optimizer's where a param group gives it) or as a
+    param group holds it when a step is planned (``allow_none=False``)."""
+    if seed is None and allow_none:
         return
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be None or an integer in [0, 2**64), got {seed!r}")
+        wanted = "None or an integer" if allow_none else "an integer"
+        raise ValueError(f"seed{where} must be {wanted} in [0, 2**64), got {seed!r}")
 
 
 def validate_backend(backend: Any) -> None:
