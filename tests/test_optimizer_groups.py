@@ -393,8 +393,9 @@ def test_an_lr_tensor_of_two_elements_set_between_steps_is_refused_before_any_ch
     opt.step()
     before = p.detach().clone()
     opt.param_groups[0]["lr"] = torch.tensor([1e-2, 1e-2])
-    with pytest.raises(ValueError, match=r"lr \(param group 0\) as a tensor must have one "
-                                         r"floating-point element, got shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"^Tensor lr must be 1-element; lr \(param group 0\) as "
+                                         r"a tensor must have one floating-point element, got "
+                                         r"shape \(2,\)"):
         opt.step()
     assert torch.equal(p.detach(), before) and int(opt.state[p]["step"]) == 1
     opt.param_groups[0]["lr"] = torch.tensor(1e-2)
