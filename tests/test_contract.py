@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from cases import CASES, make_group
-from conftest import launch_flags
+from conftest import import_or_skip, launch_flags
 
-_luminav = pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+_luminav = import_or_skip("luminamoon._luminav", "native")
 
 from luminamoon.kernels import layout  # noqa: E402
 from luminamoon.optimizer._groups import Hyper  # noqa: E402

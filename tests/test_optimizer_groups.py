@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 
-from conftest import CPU_BACKENDS, assert_bitwise_equal, dtype_id
+from conftest import CPU_BACKENDS, assert_bitwise_equal, dtype_id, require
 from luminamoon import LuminaMoon, tdclm
 from luminamoon.optimizer.backends import get_backend
 
@@ -407,7 +407,7 @@ def test_an_lr_tensor_of_two_elements_set_between_steps_is_refused_before_any_ch
 def test_an_lr_tensor_of_one_element_in_any_shape_steps_as_the_float(backend):
     """torch.optim takes any one-element tensor as lr (torch.tensor([1e-3]) included)."""
     if backend == "cpu":
-        pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+        require("native")
     results = []
     for lr in (1e-2, torch.tensor(1e-2), torch.tensor([1e-2]), torch.tensor([[1e-2]])):
         p = torch.nn.Parameter(torch.linspace(-1, 1, 37))

@@ -23,6 +23,7 @@ import zipfile
 
 import pytest
 
+from conftest import require
 from native_build import ROOT, run
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,7 @@ def _archs():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> str:
-    pytest.importorskip("build", reason="python -m build needs the 'build' package (make venv installs it)")
+    require("build")
     out = tmp_path_factory.mktemp("dist")
     # --no-isolation: the bundle is compiled (or taken from build/bundle-cache) with this
     # environment's Triton and torch
