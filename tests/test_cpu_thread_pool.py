@@ -10,12 +10,11 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 import torch
 
-from conftest import native_available
+from conftest import needs
 
-pytestmark = pytest.mark.skipif(not native_available(), reason="the native module is not built")
+pytestmark = needs("native")
 
 # A few steps of bf16 params and moments with stochastic rounding and the clip (both passes,
 # the direction cache, every rounding stream), then a digest of every tensor's bits.
@@ -57,7 +56,7 @@ def _torch_has_openmp() -> bool:
     return "OpenMP" in torch.__config__.parallel_info() and sys.platform.startswith("linux")
 
 
-@pytest.mark.skipif(not _torch_has_openmp(), reason="this torch runs no OpenMP runtime (Linux)")
+@needs("openmp")
 def test_the_passes_run_on_torchs_openmp_team_and_give_the_bits_of_its_own_threads():
     kind, threads, digest = _run()
     assert kind.startswith("openmp (") and "omp" in kind, kind
@@ -69,7 +68,7 @@ def test_the_passes_run_on_torchs_openmp_team_and_give_the_bits_of_its_own_threa
     assert one[0] == kind and one[1] == "1" and one[2] == digest
 
 
-@pytest.mark.skipif(not _torch_has_openmp(), reason="this torch runs no OpenMP runtime (Linux)")
+@needs("openmp")
 def test_an_explicit_thread_count_runs_on_a_team_of_that_many_with_the_same_bits():
     # (the pool's own threads competed for the cores with torch's spinning team: on 2 cores a
     # step on two of them took longer than on one)

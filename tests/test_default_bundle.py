@@ -16,13 +16,12 @@ import sys
 import pytest
 import torch
 
-from conftest import native_available
+from conftest import needs, skip_because
 from luminamoon import LuminaMoon
 from luminamoon.aot import default as dflt
 
 REQUIRE_NATIVE = os.environ.get("LUMINAMOON_REQUIRE_NATIVE", "") not in ("", "0")
-needs_native = pytest.mark.skipif(not native_available(),
-                                  reason="the native module luminamoon._luminav is not built")
+needs_native = needs("native")
 
 
 def _cli(*args, env=None):
@@ -43,7 +42,7 @@ def packaged(no_env_bundle):
         if REQUIRE_NATIVE:
             pytest.fail("the installed luminamoon ships no default bundle (luminamoon/bundle/); "
                         "`pip install .` builds one")
-        pytest.skip("a source checkout: no packaged bundle (pip install . ships one)")
+        skip_because("no packaged bundle")
     return path
 
 

@@ -9,6 +9,8 @@ import math
 
 import pytest
 
+from conftest import import_or_skip, require
+
 # The rows of the run table, in order (the quick demo leaves out the round-to-nearest control).
 RUNS = ["AdamW, fp32", "LuminaMoon, fp32", "AdamW, bf16 round-to-nearest",
         "LuminaMoon, bf16 stochastic rounding", "AdamW, fp32, faults", "LuminaMoon, fp32, faults"]
@@ -16,7 +18,7 @@ RUNS = ["AdamW, fp32", "LuminaMoon, fp32", "AdamW, bf16 round-to-nearest",
 
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
-    pytest.importorskip("tqdm", reason="the demo's progress bars")
+    require("tqdm")
     import contextlib
     import io
 
@@ -78,7 +80,7 @@ def test_step_times_are_reported_for_luminamoon_and_torch(quick_demo):
 def test_outputs_are_written(quick_demo):
     out, stdout, _ = quick_demo
     assert (out / "results.md").read_text().count("|") > 20
-    pytest.importorskip("matplotlib", reason="the PNGs need matplotlib")
+    require("matplotlib")
     for name in ("loss_curves.png", "step_time.png"):
         assert (out / name).stat().st_size > 10_000, name
     assert "wrote" in stdout
@@ -98,10 +100,7 @@ def test_help_documents_every_option(capsys):
 def test_the_step_time_table_includes_the_cpu_engine_where_it_is_built(quick_demo):
     """On CPU with the native module built, the step-time table times LuminaMoon's own engine
     (backend "cpu"), not only the reference."""
-    from conftest import native_available
-
-    if not native_available():
-        pytest.skip("the native module luminamoon._luminav is not built")
+    require("native")
     import torch
 
     from luminamoon.demo import available_backends
@@ -113,8 +112,7 @@ def test_the_step_time_table_includes_the_cpu_engine_where_it_is_built(quick_dem
 
 def test_threads_option_reaches_the_native_cpu_engine():
     """`--threads N` gives LuminaMoon's cpu engine N threads (not silently the default)."""
-    native = pytest.importorskip("luminamoon.optimizer.backends.cpu",
-                                 reason="the compiled cpu engine")
+    native = import_or_skip("luminamoon.optimizer.backends.cpu", "native")
     import torch
 
     from luminamoon.demo.config import QUICK, Config

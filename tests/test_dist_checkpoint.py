@@ -13,17 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import bits, dtensor_api, spawn_ranks
+from conftest import bits, dtensor_api, require, spawn_ranks
 
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
-try:
-    import torch.distributed.checkpoint as dcp  # noqa: F401
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict  # noqa: F401
-except ImportError:  # pragma: no cover - every supported torch has them
-    pytest.skip("torch.distributed.checkpoint.state_dict is not available",
-                allow_module_level=True)
+require("gloo", "distributed checkpoint")
 
 STEPS = 4
 SAVE_AFTER = 2

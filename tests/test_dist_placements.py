@@ -12,11 +12,9 @@ import math
 import pytest
 import torch
 
-from conftest import bits, dtensor_api, spawn_ranks
+from conftest import bits, dtensor_api, require, spawn_ranks
 
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+require("gloo")
 
 STEPS = 4
 NAN_STEP = 2

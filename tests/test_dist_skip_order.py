@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from conftest import require
+
 WORLD = 4
 LAUNCHES = 10
 LAUNCH_TIMEOUT_S = 180
@@ -117,10 +119,7 @@ def _check_launch(out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_every_rank_skips_the_same_steps_in_fresh_launches(tmp_path):
-    dist = pytest.importorskip("torch.distributed")
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+    require("gloo", "native")
     for i in range(LAUNCHES):
         out = tmp_path / f"launch{i}"
         out.mkdir()

@@ -11,11 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import bits, require_fsdp2_here, spawn_ranks
+from conftest import bits, require, spawn_ranks
 
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+require("gloo")
+import torch.distributed as dist  # noqa: E402
 
 WORLD = 2
 STEPS = 3
@@ -127,7 +126,7 @@ def _replay(recorded, dtype=torch.float32):
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
 def test_wrapper_steps_equal_the_unsharded_replay(wrapper, tmp_path):
     if wrapper == "fsdp2":
-        require_fsdp2_here()
+        require("fsdp2")
     out = str(tmp_path / "out.pt")
     worker = _ddp_worker if wrapper == "ddp" else _fsdp_worker
     spawn_ranks(worker, WORLD, str(tmp_path), out)
@@ -140,8 +139,7 @@ def test_wrapper_steps_equal_the_unsharded_replay(wrapper, tmp_path):
 
 
 def test_fsdp2_over_tensor_parallel_steps_equal_the_unsharded_replay(tmp_path):
-    pytest.importorskip("torch.distributed.tensor.parallel")
-    require_fsdp2_here()
+    require("tensor parallel", "fsdp2")
     out = str(tmp_path / "out.pt")
     spawn_ranks(_fsdp_tp_worker, 4, str(tmp_path), out)
     for dtype in (torch.float32, torch.bfloat16):

@@ -16,6 +16,8 @@ import sys
 import pytest
 import torch
 
+from conftest import needs, require
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 
@@ -69,8 +71,7 @@ HF_TINY = ["--max-steps", "12", "--save-steps", "6", "--text-bytes", "60000",
 
 
 def _hf():
-    pytest.importorskip("transformers", reason="the Trainer example needs transformers")
-    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
+    require("transformers", "accelerate")
     import hf_trainer
 
     return hf_trainer
@@ -116,8 +117,7 @@ def test_hf_trainer_trains_and_resume_continues(tmp_path, dtype):
     assert compare_states(end_b, end_a) == []
 
 
-@pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 6),
-                    reason="torch.optim takes (name, parameter) pairs from torch 2.6")
+@needs("named params")
 def test_hf_trainer_named_parameters(tmp_path):
     """torch.optim optimizers take (name, parameter) pairs (torch >= 2.6): the state dict then
     carries each group's 'param_names', and a checkpoint resumes as with bare parameters."""
@@ -147,7 +147,7 @@ LIGHTNING_TINY = ["--max-epochs", "3", "--text-bytes", "20000", "--block-size", 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-true"])
 def test_lightning_trains_and_resume_continues(tmp_path, precision):
-    pytest.importorskip("lightning", reason="the Lightning example needs lightning")
+    require("lightning")
     import lightning_train
 
     common = LIGHTNING_TINY + ["--precision", precision]
@@ -195,8 +195,7 @@ COMPILE_TINY = ["--steps", "6", "--text-bytes", "20000", "--block-size", "32",
 
 
 def _compiled_model():
-    if not hasattr(torch, "compile"):
-        pytest.skip("this torch has no torch.compile")
+    require("torch.compile")
     import compiled_model
 
     return compiled_model
@@ -321,12 +320,7 @@ FSDP_TP_TINY = ["--dp", "2", "--tp", "2", "--text-bytes", "20000", "--d-model", 
 def _torchrun(args, cwd):
     import json
 
-    from conftest import require_fsdp2_here
-
-    dist = pytest.importorskip("torch.distributed")
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    require_fsdp2_here()
+    require("gloo", "fsdp2")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", "4", os.path.join(EXAMPLES, "fsdp_tp.py")] + args
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd,

@@ -23,16 +23,13 @@ from typing import Dict, List
 import pytest
 import torch
 
-from conftest import launch_flags, assert_bitwise_equal, bits, requires_triton
+from conftest import (assert_bitwise_equal, bits, import_or_skip, launch_flags, require,
+                      requires_triton, skip_because)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.native, requires_triton]
 
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-    pytest.skip("TRITON_INTERPRET is set: the triton backend must run compiled kernels",
-                allow_module_level=True)
-_luminav = pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+require("cuda", "compiled triton")
+_luminav = import_or_skip("luminamoon._luminav", "native")
 
 from luminamoon.optimizer import LuminaMoon  # noqa: E402
 from luminamoon.kernels import catalog  # noqa: E402
@@ -174,8 +171,7 @@ def _run(config: Config, backend: str, bundle=None) -> dict:
     params = [p.cuda().requires_grad_() for p in init]
     if config.grad_dtype != config.param_dtype:
         if not hasattr(params[0], "grad_dtype"):
-            pytest.skip("this torch keeps a gradient in its parameter's dtype only (a "
-                        "gradient of another dtype needs Tensor.grad_dtype, torch 2.9+)")
+            skip_because("grad dtype")
         for p in params:
             p.grad_dtype = None  # any gradient dtype: the grad_dtype of this configuration
     opt = LuminaMoon(params, seed=SEED, backend=backend, aot_bundle=bundle, **config.options())

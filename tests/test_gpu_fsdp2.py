@@ -14,16 +14,11 @@ import os
 import pytest
 import torch
 
-from conftest import bits
+from conftest import bits, require
 
 pytestmark = pytest.mark.gpu
 
-if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-    pytest.skip("needs 2 CUDA GPUs", allow_module_level=True)
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_nccl_available():
-    pytest.skip("torch.distributed with NCCL is not available", allow_module_level=True)
-pytest.importorskip("triton", reason="the triton backend runs the sharded step")
+require("2 cuda", "nccl", "triton")
 
 WORLD = 2
 SHAPE = (1031, 67)  # rows that do not split evenly over 2 ranks, no multiple of the block size

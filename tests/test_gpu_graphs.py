@@ -23,15 +23,11 @@ from typing import Dict, List
 import pytest
 import torch
 
-from conftest import assert_bitwise_equal, bits, requires_triton
+from conftest import assert_bitwise_equal, bits, require, requires_triton
 
 pytestmark = [pytest.mark.gpu, requires_triton]
 
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-    pytest.skip("TRITON_INTERPRET is set: CUDA graphs need compiled kernels",
-                allow_module_level=True)
+require("cuda", "compiled triton")
 
 from luminamoon.optimizer import LuminaMoon  # noqa: E402
 
@@ -94,7 +90,7 @@ def _holds_variants(bundle: str, combos, arch: int) -> bool:
 
 @pytest.fixture(scope="session")
 def graph_bundle(tmp_path_factory) -> str:
-    pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+    require("native")
     arch = _arch()
     given = os.environ.get("LUMINAMOON_TEST_BUNDLE")
     if given and _holds_variants(given, GRAPH_COMBOS, arch):

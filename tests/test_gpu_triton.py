@@ -15,7 +15,7 @@ from cases import (BF16, F16, F32, GPU_CASES, GPU_SHAPES, Case, assert_groups_cl
                    assert_storage_close,
                    clone_group, compare_with_reference, copy_state, make_group, new_grads,
                    run_step, snapshot, assert_unchanged)
-from conftest import bits, requires_triton
+from conftest import bits, needs, require, requires_triton, skip_because
 from luminamoon.optimizer._groups import LaunchGroup
 from luminamoon.optimizer.backends.reference import ReferenceBackend
 
@@ -27,7 +27,7 @@ _HAS_CUDA = torch.cuda.is_available()
 pytestmark = [
     pytest.mark.gpu,
     requires_triton,
-    pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA GPU"),
+    needs("cuda"),
 ]
 
 def _backend():
@@ -73,7 +73,7 @@ def test_tensor_over_2_31_elements():
     n = 2 ** 31 + 4099
     free, _ = torch.cuda.mem_get_info()
     if free < 30 * 2 ** 30:
-        pytest.skip(f"needs ~30 GiB of free GPU memory, {free / 2 ** 30:.1f} GiB free")
+        skip_because("gpu memory", f"{free / 2 ** 30:.1f} GiB free")
     case = Case(BF16, BF16, F32, clip=1.0, nonfinite="skip", shapes=((n,),))
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(3)
@@ -143,8 +143,7 @@ def test_sixteen_bit_direction_keeps_subnormal_second_moments(clip):
 
 
 def test_current_device_differs_from_params():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
+    require("2 cuda")
     case = Case(BF16, BF16, F32, clip=1.0, nonfinite="skip", shapes=GPU_SHAPES[:5])
     backend = _backend()
     with torch.cuda.device(0):

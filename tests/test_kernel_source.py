@@ -19,7 +19,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
-from conftest import requires_triton, triton_available
+from conftest import require, requires_triton, skip_because
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "python", "luminamoon")
@@ -178,15 +178,7 @@ def test_integer_scalars_are_typed_and_not_specialised():
 # 3. vector accesses in the compiled code
 # ------------------------------------------------------------------------------------------
 def _compiler_or_skip():
-    if not triton_available():
-        pytest.skip("triton is not installed")
-    import triton.language.random as random_mod
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # pragma: no cover
-        InterpretedFunction = ()
-    if isinstance(random_mod.philox, InterpretedFunction):
-        pytest.skip("TRITON_INTERPRET=1 is active in this process: nothing can be compiled")
+    require("compiled triton")
     from luminamoon.aot import builder, compat
     from luminamoon.kernels import catalog
     return builder, compat, catalog
@@ -245,7 +237,7 @@ def test_element_accesses_are_wide_vectors(prefix):
         compiled = triton.compile(src, target=compat.gpu_target(90),
                                   options=builder.compile_options(plan, variant))
     except Exception as exc:  # no CUDA backend / ptxas in this Triton build
-        pytest.skip(f"cannot compile for sm_90 here: {type(exc).__name__}: {exc}")
+        skip_because("no sm_90 compiler", f"{type(exc).__name__}: {exc}")
     ptx = compiled.asm["ptx"]
     loads = Counter(re.findall(r"ld\.global(?:\.\w+)*\.v(\d)\.b(\d+)", ptx))
     stores = Counter(re.findall(r"st\.global(?:\.\w+)*\.v(\d)\.b(\d+)", ptx))

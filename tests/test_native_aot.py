@@ -13,10 +13,10 @@ import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.native]
 
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
-pytest.importorskip("triton", reason="Triton builds the bundle and runs the JIT backend")
-_luminav = pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+from conftest import import_or_skip, require, skip_because  # noqa: E402
+
+require("cuda", "triton")
+_luminav = import_or_skip("luminamoon._luminav", "native")
 
 from luminamoon.optimizer import LuminaMoon  # noqa: E402
 
@@ -95,8 +95,7 @@ def test_cpp_engine_on_cuda_resumes_bitwise(bundle):
                                           "luminav_train_logreg")))
     exe = os.environ.get("LUMINAV_TRAIN_EXAMPLE") or (found[0] if found else None)
     if not exe or not os.path.exists(exe):
-        pytest.skip("examples/cpp is not built (cmake --build build/<dir>, or set "
-                    "LUMINAV_TRAIN_EXAMPLE)")
+        skip_because("no cpp example")
     out = subprocess.run([exe, "--device", "cuda", "--bundle", bundle, "--epochs", "6",
                           "--checkpoint-epoch", "3", "--checkpoint", os.path.join(bundle, "ckpt")],
                          capture_output=True, text=True, timeout=300)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from cases import CASES, compare_with_reference
-from conftest import ODD_SHAPES, SHAPE_IDS, TOLERANCES
+from conftest import ODD_SHAPES, SHAPE_IDS, TOLERANCES, import_or_skip, require
 
-_luminav = pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+_luminav = import_or_skip("luminamoon._luminav", "native")
 
 from luminamoon.optimizer import LuminaMoon  # noqa: E402
 from luminamoon.optimizer import rng  # noqa: E402
@@ -297,10 +297,9 @@ def test_every_vector_width_stores_the_same_bits():
     baseline); a result that depended on it would differ between machines. Every width this
     machine has steps fp32, bf16 (stochastic rounding, bf16 and fp32 moments, bounds) and fp16
     parameters through the clip's tanh three times; all store the same bits."""
-    widest = _luminav.cpu_isa() if "LUMINAV_CPU_ISA" not in __import__("os").environ else None
+    require("default cpu isa")
+    widest = _luminav.cpu_isa()
     order = ["baseline", "avx2", "avx512"]
-    if widest is None:
-        pytest.skip("LUMINAV_CPU_ISA is set for this run")
     widths = order[: order.index(widest) + 1]
     outputs = {}
     for isa in widths:

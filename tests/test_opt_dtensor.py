@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import bits, dtensor_api, spawn_ranks
+from conftest import bits, dtensor_api, require, spawn_ranks
 
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+require("gloo")
 
 WORLD = 2
 SHAPE = (13, 7)  # 13 rows do not split evenly over 2 ranks

@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 
-from conftest import CPU_BACKENDS, assert_bitwise_equal, dtype_id
+from conftest import CPU_BACKENDS, assert_bitwise_equal, dtype_id, require
 from luminamoon import LuminaMoon, tdclm
 from luminamoon.optimizer.backends import get_backend
 
@@ -395,8 +395,9 @@ def test_an_lr_tensor_of_two_elements_set_between_steps_is_refused_before_any_ch
     opt.step()
     before = p.detach().clone()
     opt.param_groups[0]["lr"] = torch.tensor([1e-2, 1e-2])
-    with pytest.raises(ValueError, match=r"lr \(param group 0\) as a tensor must have one "
-                                         r"floating-point element, got shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"^Tensor lr must be 1-element; lr \(param group 0\) as "
+                                         r"a tensor must have one floating-point element, got "
+                                         r"shape \(2,\)"):
         opt.step()
     assert torch.equal(p.detach(), before) and int(opt.state[p]["step"]) == 1
     opt.param_groups[0]["lr"] = torch.tensor(1e-2)
@@ -408,7 +409,7 @@ def test_an_lr_tensor_of_two_elements_set_between_steps_is_refused_before_any_ch
 def test_an_lr_tensor_of_one_element_in_any_shape_steps_as_the_float(backend):
     """torch.optim takes any one-element tensor as lr (torch.tensor([1e-3]) included)."""
     if backend == "cpu":
-        pytest.importorskip("luminamoon._luminav", reason="the native module is not built")
+        require("native")
     results = []
     for lr in (1e-2, torch.tensor(1e-2), torch.tensor([1e-2]), torch.tensor([[1e-2]])):
         p = torch.nn.Parameter(torch.linspace(-1, 1, 37))
@@ -419,3 +420,97 @@ def test_an_lr_tensor_of_one_element_in_any_shape_steps_as_the_float(backend):
         results.append(p.detach().clone())
     for r in results[1:]:
         assert torch.equal(r, results[0])
+
+
+# -------------------------------------------------------------------------------------------
+# per-group seeds: like every constructor argument, the seed may be given per param group
+# -------------------------------------------------------------------------------------------
+SEED_A, SEED_B = 0x1234_5678_9ABC_DEF0, 77
+
+
+def _bf16_model(gen):
+    """Two bf16 tensors per group: stochastic rounding draws words from the group's seed."""
+    return [torch.randn(61, 5, generator=gen).to(torch.bfloat16) for _ in range(4)]
+
+
+def _run(opt, params, grads):
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            if p is not None:
+                p.grad = g.clone()
+        opt.step()
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_groups_with_their_own_seeds_step_as_single_group_optimizers(backend):
+    gen = torch.Generator().manual_seed(33)
+    inits = _bf16_model(gen)
+    grads = [[torch.randn(61, 5, generator=gen).to(torch.bfloat16) for _ in inits]
+             for _ in range(3)]
+    params = [torch.nn.Parameter(t.clone()) for t in inits]
+    opt = LuminaMoon([{"params": params[:2], "seed": SEED_A},
+                      {"params": params[2:], "seed": SEED_B}], seed=5, backend=backend, **HYPER)
+    assert [g["seed"] for g in opt.param_groups] == [SEED_A, SEED_B] and opt.seed == 5
+    _run(opt, params, grads)
+    assert len(opt._plan.groups) == 2  # one launch group per seed
+    # each group as one single-group optimizer with its seed; the other group's tensors stay
+    # in it without gradients, so every tensor keeps its index k in the rounding streams
+    for seed, mine in ((SEED_A, (0, 1)), (SEED_B, (2, 3))):
+        alone = [torch.nn.Parameter(t.clone()) for t in inits]
+        single = LuminaMoon(alone, seed=seed, backend=backend, **HYPER)
+        _run(single, [p if k in mine else None for k, p in enumerate(alone)], grads)
+        for k in mine:
+            assert_bitwise_equal(params[k].detach(), alone[k].detach(), f"param {k}")
+    # the control: group B under group A's seed rounds otherwise
+    alone = [torch.nn.Parameter(t.clone()) for t in inits]
+    single = LuminaMoon(alone, seed=SEED_A, backend=backend, **HYPER)
+    _run(single, [None, None] + alone[2:], grads)
+    assert not torch.equal(params[2].detach(), alone[2].detach())
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_each_groups_seed_survives_the_state_dict(backend):
+    gen = torch.Generator().manual_seed(34)
+    inits = _bf16_model(gen)
+    grads = [[torch.randn(61, 5, generator=gen).to(torch.bfloat16) for _ in inits]
+             for _ in range(4)]
+
+    def make(seed, group_seeds):
+        params = [torch.nn.Parameter(t.clone()) for t in inits]
+        groups = [{"params": params[:2]}, {"params": params[2:]}]
+        for g, s in zip(groups, group_seeds):
+            if s is not None:
+                g["seed"] = s
+        return params, LuminaMoon(groups, seed=seed, backend=backend, **HYPER)
+
+    params, opt = make(SEED_A, (None, SEED_B))  # group 0 takes the optimizer's seed
+    _run(opt, params, grads[:2])
+    saved = opt.state_dict()
+    assert [g["seed"] for g in saved["param_groups"]] == [SEED_A, SEED_B]
+    resumed_params, resumed = make(9, (None, None))
+    with torch.no_grad():
+        for p, q in zip(resumed_params, params):
+            p.copy_(q)
+    resumed.load_state_dict(saved)
+    assert [g["seed"] for g in resumed.param_groups] == [SEED_A, SEED_B]
+    assert resumed.seed == SEED_A  # the first group's: what a group added later takes
+    _run(opt, params, grads[2:])
+    _run(resumed, resumed_params, grads[2:])
+    for k, (p, q) in enumerate(zip(params, resumed_params)):
+        assert_bitwise_equal(q.detach(), p.detach(), f"param {k}")
+
+
+def test_a_group_without_a_seed_takes_the_optimizers_and_a_changed_seed_replans():
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt = LuminaMoon([{"params": [a], "seed": None}], seed=12, backend="reference")
+    opt.add_param_group({"params": [b]})
+    assert [g["seed"] for g in opt.param_groups] == [12, 12]
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(3))], "seed": 2**64 - 1})
+    assert opt.param_groups[2]["seed"] == 2**64 - 1
+    a.grad = torch.ones(3)
+    opt.step()
+    plan = opt._plan
+    opt.param_groups[0]["seed"] = 13
+    a.grad = torch.ones(3)
+    opt.step()
+    assert opt._plan is not plan and opt._plan.groups[0].seed == 13

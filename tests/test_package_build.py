@@ -7,13 +7,9 @@ import os
 import subprocess
 import sys
 
-import pytest
+from conftest import needs
 
-REQUIRE_NATIVE = os.environ.get("LUMINAMOON_REQUIRE_NATIVE", "") not in ("", "0")
-
-
-@pytest.mark.skipif(not REQUIRE_NATIVE, reason="set LUMINAMOON_REQUIRE_NATIVE=1 to require the "
-                                               "compiled module (make test does)")
+@needs("required native")
 def test_native_module_is_built_and_importable():
     native = importlib.import_module("luminamoon._luminav")
     assert isinstance(native.has_cuda_driver(), bool)
@@ -32,8 +28,7 @@ def test_import_has_no_side_effects():
     assert out.stdout.split() == ["False", "False", "False"]
 
 
-@pytest.mark.skipif(not REQUIRE_NATIVE, reason="set LUMINAMOON_REQUIRE_NATIVE=1 to require the "
-                                               "installed package (make test does)")
+@needs("required native")
 def test_pip_install_puts_luminav_on_the_path():
     """`pip install .` installs the luminav CLI beside this interpreter (the scripts folder)."""
     import shutil

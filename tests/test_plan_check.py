@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import CPU_BACKENDS, native_available
+from conftest import CPU_BACKENDS, needs, skip_because
 from luminamoon import LuminaMoon
 from luminamoon.optimizer import _plan as opt_module
 
@@ -34,7 +34,7 @@ def check(request, monkeypatch):
         monkeypatch.setattr(opt_module, "_PTRS_EQUAL", None)
         return request.param
     if not opt_module._guards_work():
-        pytest.skip("this torch's TensorGuards does not pass the probe (the tuples are used)")
+        skip_because("tensor guards")
     if request.param == "guards":
         monkeypatch.setattr(opt_module, "_PTRS_EQUAL", None)
     else:
@@ -172,7 +172,7 @@ def test_a_gradient_whose_dtype_changed_under_it_is_seen(backend, check):
         assert int(opt.state[p]["step"]) == 2
 
 
-@pytest.mark.skipif(not native_available(), reason="needs the compiled luminamoon._luminav module")
+@needs("native")
 def test_vouched_gradients_are_not_checked_again_by_the_backend(check, monkeypatch):
     """New gradient tensors every step (zero_grad(set_to_none=True), then backward): the plan
     has checked their layout (test_a_gradient_of_another_layout_rebuilds_the_plan: one it cannot
@@ -234,13 +234,12 @@ def test_gradients_that_did_not_move_keep_the_last_steps_addresses(backend, chec
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs("cuda", "triton")
 def test_the_triton_backends_plan_check_on_cuda_sees_moves_and_swaps():
     """On CUDA (the triton backend, torch's C++ pointer comparison where this torch has it):
     gradients kept, a gradient moved to a new tensor, a gradient's memory swapped under the
     same object and a parameter's p.data swapped for another tensor of its layout; each step
     equals the reference backend's on CPU copies."""
-    pytest.importorskip("triton")
     torch.manual_seed(5)
     params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for n in (5, 3000, 17)]
     twins = [torch.nn.Parameter(p.detach().cpu()) for p in params]

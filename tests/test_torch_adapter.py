@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_bitwise_equal, native_available
+from conftest import assert_bitwise_equal, needs, skip_because
 from native_build import ROOT, build_project, run
 
 pytestmark = pytest.mark.slow
@@ -55,9 +55,8 @@ def train_mlp(luminav_prefix, tmp_path_factory) -> str:
         if (torch.version.cuda and not torch.cuda.is_available() and "CMake Error" in text
                 and ("CUDA" in text or "nvrtc" in text or "nvToolsExt" in text)):
             first = next((ln.strip() for ln in text.splitlines() if "CUDA" in ln), "")
-            pytest.skip(f"torch {torch.__version__} is a CUDA {torch.version.cuda} build and "
-                        f"find_package(Torch) does not configure with this machine's CUDA "
-                        f"toolkit ({first})")
+            skip_because("cuda torch build", f"torch {torch.__version__}, CUDA "
+                                             f"{torch.version.cuda} ({first})")
         raise
 
 
@@ -139,7 +138,7 @@ def test_the_program_is_built_with_the_wheels_libtorch_abi(train_mlp, tmp_path):
     assert abi == str(int(torch.compiled_with_cxx11_abi()))
 
 
-@pytest.mark.skipif(not native_available(), reason="the native module luminamoon._luminav is not built")
+@needs("native")
 def test_cpu_training_matches_the_python_optimizer_bitwise(train_mlp, tmp_path):
     stdout, meta, losses, finals = _program_run(train_mlp, tmp_path / "run", "--steps", "40",
                                                 "--seed", "1234")
@@ -159,7 +158,7 @@ def test_cpu_training_matches_the_python_optimizer_bitwise(train_mlp, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs("cuda")
 def test_cuda_training_matches_the_python_optimizer_bitwise(train_mlp, tmp_path, monkeypatch):
     from luminamoon.aot.default import require_default_bundle
 

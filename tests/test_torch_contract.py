@@ -18,13 +18,12 @@ import warnings
 import pytest
 import torch
 
-from conftest import CPU_BACKENDS, native_available
+from conftest import CPU_BACKENDS, needs
 from luminamoon import LuminaMoon
 from luminamoon.optimizer.backends.base import Backend
 
 BACKENDS = CPU_BACKENDS
 
-from luminamoon.optimizer.optimizer import _TORCH_TAKES_NAMES  # noqa: E402
 
 
 def _model():
@@ -58,7 +57,7 @@ def test_named_parameters_step_as_the_plain_ones(backend):
     assert _same_params(named, plain)
 
 
-@pytest.mark.skipif(not _TORCH_TAKES_NAMES, reason="torch < 2.6 keeps no param_names")
+@needs("named params")
 def test_named_param_groups_carry_their_names_and_load_across_named_and_unnamed():
     model = _model()
     decay = [(n, p) for n, p in model.named_parameters() if n.endswith("weight")]
@@ -307,7 +306,8 @@ def test_a_torch_adamw_state_dict_gets_a_clear_message_and_changes_nothing():
     (lambda sd: sd["state"][0].__setitem__("step", 2.5), r"whole number >= 0, got 2.5"),
     (lambda sd: sd["state"][1].__setitem__("exp_avg", torch.zeros(3)), r"has shape \(3,\)"),
     (lambda sd: sd["param_groups"][0].__setitem__("rounding_stream", 7), r"rounding_stream"),
-    (lambda sd: sd["param_groups"][0].__setitem__("seed", -5), r"seed must be None or an integer"),
+    (lambda sd: sd["param_groups"][0].__setitem__("seed", -5),
+     r"seed \(param group 0 of the loaded state dict\) must be None or an integer"),
     (lambda sd: sd["param_groups"][0].__setitem__("lr", "0.1"),
      r"lr \(param group 0 of the loaded state dict\) must be a real number, got '0.1'"),
     (lambda sd: sd["param_groups"][0].__setitem__("maximize", "yes"),
@@ -480,9 +480,7 @@ def test_a_keyboard_interrupt_during_the_launches_waits_for_the_step_to_be_whole
         signal.signal(signal.SIGINT, previous)
 
 
-@pytest.mark.skipif(not native_available() or not hasattr(operator, "call")
-                    or not hasattr(signal, "SIGINT") or os.name != "posix",
-                    reason="the native module is not built, Python < 3.11, or not POSIX")
+@needs("native", "posix signals")
 def test_a_keyboard_interrupt_during_the_cpu_backends_one_call_step_waits_for_its_end(
         monkeypatch):
     from luminamoon import _luminav

