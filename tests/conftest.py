@@ -8,6 +8,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import shutil
 import sys
 
 import pytest
@@ -198,7 +199,15 @@ def _should_skip(need: str) -> "str | None":
 
         found = hasattr(operator, "call") and hasattr(signal, "SIGINT") and os.name == "posix"
         return None if found else "needs Python >= 3.11 (operator.call) and POSIX signals"
-    # 6. optional packages
+    # 6. programs and the documentation's tools
+    if need == "git":
+        return None if shutil.which("git") else "git is needed to copy the checkout"
+    if need == "docs tools":
+        missing = [m for m in ("sphinx", "myst_parser", "breathe", "furo", "matplotlib")
+                   if not _module_found(m)] + ([] if shutil.which("doxygen") else ["doxygen"])
+        return (f"the documentation's tools are missing: {missing} (make docs-deps installs "
+                "them)") if missing else None
+    # 7. optional packages
     if need in OPTIONAL_MODULES:
         return None if _module_found(need) else OPTIONAL_MODULES[need]
     raise ValueError(f"no skip rule for {need!r}: add one to conftest._should_skip")

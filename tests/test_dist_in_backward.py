@@ -9,11 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import CPU_BACKENDS, bits, require_fsdp2_here, spawn_ranks
+from conftest import CPU_BACKENDS, bits, require, require_fsdp2_here, spawn_ranks
 
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+require("gloo")
 
 WORLD = 2
 STEPS = 3
@@ -92,7 +90,7 @@ def _worker(rank, out_path, dtype_name, bucket, backend):
 def test_fsdp2_in_backward_equals_the_normal_step(dtype, bucket, backend, tmp_path):
     require_fsdp2_here()
     if backend not in CPU_BACKENDS:
-        pytest.skip("the native module luminamoon._luminav is not built")
+        require("native")
     out = str(tmp_path / "same.pt")
     spawn_ranks(_worker, WORLD, str(tmp_path), out, dtype, bucket, backend)
     same = torch.load(out)

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from conftest import require
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 REQUIRE = os.environ.get("LUMINAMOON_REQUIRE_DOCS", "") not in ("", "0")
@@ -35,7 +37,7 @@ def built(tmp_path_factory):
     if missing:
         if REQUIRE:
             pytest.fail(f"the documentation needs {missing}: make docs installs them")
-        pytest.skip(f"the documentation's tools are missing: {missing} (make docs installs them)")
+        require("docs tools")
     out = tmp_path_factory.mktemp("html")
     proc = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going",
                            "-q", DOCS, str(out)], capture_output=True, text=True, timeout=900)

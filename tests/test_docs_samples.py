@@ -20,6 +20,8 @@ import unittest
 
 import pytest
 
+from conftest import require
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [os.path.join(ROOT, "README.md")]
 REQUIRE = os.environ.get("LUMINAMOON_REQUIRE_DOCS", "") not in ("", "0")
@@ -46,7 +48,7 @@ def _sybil():
     except ImportError:
         if REQUIRE:
             pytest.fail("the documentation's samples need sybil: make docs installs it")
-        pytest.skip("sybil is missing (make docs installs docs/requirements.txt)")
+        require("sybil")
 
     def setup(namespace):
         import torch

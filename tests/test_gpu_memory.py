@@ -16,11 +16,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import require
+
 pytestmark = pytest.mark.gpu
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
-pytest.importorskip("triton", reason="the normal step on CUDA runs the triton backend")
+require("cuda", "compiled triton")  # the normal step on CUDA runs the triton backend
 
 from luminamoon import LuminaMoon, offload, step_in_backward  # noqa: E402
 

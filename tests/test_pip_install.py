@@ -23,6 +23,8 @@ import sys
 
 import pytest
 
+from conftest import require
+
 from native_build import ROOT, run
 
 # the build's fixture may take longer than pyproject's per-test limit on a busy machine (8 min
@@ -41,7 +43,7 @@ def _tree_files():
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     if shutil.which("git") is None:
-        pytest.skip("git is needed to copy the checkout")
+        require("git")
     src = tmp_path_factory.mktemp("clone")
     for f in _tree_files():
         os.makedirs(os.path.join(src, os.path.dirname(f)), exist_ok=True)

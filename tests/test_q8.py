@@ -17,7 +17,9 @@ from luminamoon.kernels import quant
 from luminamoon.optimizer import rng
 from luminamoon.optimizer._groups import Hyper, TensorRef, group_tensors
 
-hypothesis = pytest.importorskip("hypothesis")
+from conftest import import_or_skip, require
+
+hypothesis = import_or_skip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -396,7 +398,8 @@ def test_backend_choice_for_q8():
     try:
         opt = LuminaMoon(params, state_dtype="q8", seed=1, backend="cpu")
     except ImportError:
-        pytest.skip("the native module is not built")
+        require("native")
+        raise
     with pytest.raises(ValueError, match=r"state_dtype='q8'.*reference"):
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(params, before))
@@ -442,10 +445,8 @@ def _dtensor_rank(rank):
 
 def test_dtensor_q8_is_refused_by_name(tmp_path):
     """q8 moments of DTensor parameters are later work: refused before anything changes."""
-    dist = pytest.importorskip("torch.distributed")
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    from conftest import spawn_ranks
+    require("gloo")
+    from conftest import spawn_ranks  # noqa: E402
 
     spawn_ranks(_dtensor_rank, 2, str(tmp_path))
 
