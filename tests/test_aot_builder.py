@@ -172,7 +172,7 @@ def test_bundle_manifest_fields_present_and_typed(bundle, request):
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk == man
     assert on_disk["format"] == "luminamoon-aot-bundle"
-    assert on_disk["format_version"] == 2
+    assert on_disk["format_version"] == 3
     from luminamoon.kernels.layout import TABLE_COLS
     assert on_disk["table_cols"] == TABLE_COLS
     assert on_disk["triton_version"] == triton.__version__
@@ -368,8 +368,9 @@ def test_plan_refuses_a_spec_that_disagrees_with_its_kernel(args, constexprs, pa
 # build_bundle: refusals, atomicity, parallel build
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, pattern", [
-    pytest.param({"archs": ("90",)}, r"arch must be an integer.*got '90'", id="arch-str"),
-    pytest.param({"archs": (9,)}, r"got 9", id="arch-small"),
+    pytest.param({"archs": ("gfx1100",)}, r"arch 'gfx1100': not a compile target: 'gfx1100'; "
+                 r"expected an NVIDIA compute capability.*gfx90a, gfx942, gfx950", id="arch-str"),
+    pytest.param({"archs": (9,)}, r"arch 9: not a compile target", id="arch-small"),
     pytest.param({"archs": ()}, r"no arch given", id="no-arch"),
     pytest.param({"jobs": 0}, r"jobs must be an integer >= 1, got 0", id="jobs"),
     pytest.param({"variants": []}, r"no kernel variants", id="no-variants"),
