@@ -27,7 +27,7 @@ $(VENV)/.deps-stamp: scripts/install-system-deps.sh pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" $(DEMO_PACKAGES) \
-	    pytest pytest-timeout hypothesis build transformers accelerate lightning
+	    pytest pytest-timeout hypothesis msgpack build transformers accelerate lightning
 	touch $@ $(VENV)/.demo-deps-stamp
 
 venv: $(VENV)/.deps-stamp
