@@ -312,7 +312,7 @@ def check_hsaco(bundle_dir: "os.PathLike[str] | str", entry: Mapping[str, Any], 
     wave = kernel.get(".wavefront_size")
     if wave != entry["target"]["warp_size"]:
         raise BundleError("wavefront_size", hpath, f"{p}.target.warp_size",
-                          f"{'no' if wave is None else wave} (the kernel's .wavefront_size)",
+                          f"{'none' if wave is None else wave} (the kernel's .wavefront_size)",
                           entry["target"]["warp_size"], _FIX_REBUILD)
     args = explicit_args(kernel)
     if len(args) != entry["num_params"]:
