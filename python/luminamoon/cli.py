@@ -187,6 +187,9 @@ def doctor(argv: Optional[List[str]] = None) -> int:
         rows.append(("native module", f"luminav {getattr(native, '__version__', '?')} "
                                       f"(C API v{native.api_version()}, {native.__file__})"))
         rows.append(("CUDA driver (dlopen)", "found" if native.has_cuda_driver() else "not found"))
+        if hasattr(native, "has_hip_runtime"):  # the HIP layer beside the CUDA driver layer
+            rows.append(("HIP runtime (dlopen)",
+                         "found" if native.has_hip_runtime() else "not found"))
         kind, threads = native.cpu_thread_pool()
         rows.append(("cpu engine", f"{native.cpu_isa()}, {kind}, {threads} thread"
                                    + ("s" if threads != 1 else "")))
