@@ -20,7 +20,7 @@ import pytest
 
 from conftest import requires_compiled_triton
 
-pytest.importorskip("triton")
+triton_mod = pytest.importorskip("triton")
 msgpack = pytest.importorskip("msgpack")
 
 from luminamoon.aot import builder, cli, compat, hsaco, manifest as mf  # noqa: E402
@@ -148,6 +148,34 @@ def test_cli_verify_and_inspect_name_the_hsacos(mixed, capsys):
         row = next(line for line in text.splitlines()
                    if line.startswith(e["key"] + " ") and f" {arch if isinstance(arch, str) else f'sm_{arch}'} " in line)
         assert row.split()[-2:] == ["hsaco" if isinstance(arch, str) else "cubin", str(size)]
+
+
+def test_hsaco_is_the_jit_kernel_without_buffer_ops(mixed, monkeypatch):
+    """What the JIT compiles for gfx942 (its own binder, aligned pointers, integer scalars
+    equal to 1) is the bundle's code object, byte for byte: same signature, same
+    specialisation, same options (none that only NVIDIA has) -- with Triton's AMD buffer-op
+    specialisation off (AMDGCN_USE_BUFFER_OPS=0). With it on, the JIT also marks a pointer
+    whose storage is at most 2 GiB ``tt.pointer_range 32``, which the builder does not promise
+    (docs/amd.md); the two then differ in how they address those buffers."""
+    from test_aot_builder import _jit_compile, _launch_args
+
+    amd = getattr(getattr(triton_mod, "knobs", None), "amd", None)
+    if amd is None or not hasattr(amd, "use_buffer_ops"):
+        pytest.skip("this Triton has no AMD buffer-op knob")
+    monkeypatch.setattr(amd, "use_buffer_ops", False)
+    out, man = mixed
+    by_key = {v.key(): v for v in _one_of_each_kernel()}
+    for e in man["kernels"]:
+        if e["target"]["backend"] != "hip":
+            continue
+        v = by_key[e["key"]]
+        plan = builder.plan_kernel(v.spec)
+        extra = {k: x for k, x in builder.compile_options(plan, v, hip=True).items()
+                 if k not in ("num_warps", "num_stages", "num_ctas")}
+        sig, compiled = _jit_compile(plan.fn, _launch_args(plan.runtime_args), e["constexprs"],
+                                     v.num_warps, v.num_stages, "gfx942", tuple(extra.items()))
+        assert [n for n, t in sig.items() if t != "constexpr"] == e["arg_names"]
+        assert bytes(compiled.asm["hsaco"]) == (out / e["hsaco"]).read_bytes(), e["key"]
 
 
 @pytest.mark.parametrize("text, want", [
