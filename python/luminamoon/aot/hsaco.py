@@ -59,6 +59,7 @@ class Symbol:
 class HsacoInfo:
     mach: int  # e_flags & 0xff
     abi_version: int
+    shnum: int
     dynsym: Tuple[Symbol, ...]
     kernels: Tuple[Dict[str, Any], ...]  # amdhsa.kernels of the metadata note
     metadata: Dict[str, Any]
@@ -195,9 +196,7 @@ def parse_hsaco(data: bytes) -> HsacoInfo:
                          "type 32), expected one")
     metadata = decode_metadata(found[0])
     dynsym = tuple(tables[dynsyms[0]])
-    if any(not (0 <= s.shndx < shnum or s.shndx >= 0xFF00) for s in dynsym):
-        raise HsacoError("elf_section", "a .dynsym symbol's section index is out of range")
-    return HsacoInfo(mach=e_flags & 0xFF, abi_version=abi, dynsym=dynsym,
+    return HsacoInfo(mach=e_flags & 0xFF, abi_version=abi, shnum=shnum, dynsym=dynsym,
                      kernels=tuple(metadata["amdhsa.kernels"]), metadata=metadata)
 
 
@@ -296,7 +295,7 @@ def check_hsaco(bundle_dir: "os.PathLike[str] | str", entry: Mapping[str, Any], 
     kernels = info.kernel(name)
     descriptor = f"{name}.kd"
     syms = [s for s in info.dynsym if s.name == descriptor and s.bind == STB_GLOBAL
-            and s.type == STT_OBJECT and 0 < s.shndx < 0xFF00]
+            and s.type == STT_OBJECT and 0 < s.shndx < info.shnum]
     if len(kernels) != 1 or kernels[0].get(".symbol", descriptor) != descriptor or len(syms) != 1:
         have = [k[".name"] for k in info.kernels]
         raise BundleError("no_entry_symbol", hpath, f"{p}.entry",

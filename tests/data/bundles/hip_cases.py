@@ -148,6 +148,13 @@ def hip_cases(base: str) -> list:
     blob = h.data[dynstr:dynstr + h.size(".dynstr")]
     case("hsaco-descriptor-symbol-renamed", "no_entry_symbol", f"{f}.entry",
          patch(dynstr + blob.index(kd) + len(entry) + 1, b"x".hex()), rehash)
+    dynsym = h.offset(".dynsym")
+    kd_sym = next(dynsym + 24 * j for j in range(h.size(".dynsym") // 24)
+                  if struct.unpack_from("<I", h.data, dynsym + 24 * j)[0] == blob.index(kd))
+    case("hsaco-descriptor-section-out-of-range", "no_entry_symbol", f"{f}.entry",
+         patch(kd_sym + 6, le(len(h.sections), 2)), rehash)
+    case("hsaco-descriptor-not-an-object", "no_entry_symbol", f"{f}.entry",
+         patch(kd_sym + 4, "12"), rehash)  # STB_GLOBAL, STT_FUNC
     case("hsaco-note-symbol-renamed", "no_entry_symbol", f"{f}.entry",
          patch(h.in_note(entry.encode() + b".kd") + len(entry) + 1, b"x".hex()), rehash)
     case("hsaco-arch-gfx90a", "arch", f"{f}.target.arch", patch(48, "3f"), rehash)
