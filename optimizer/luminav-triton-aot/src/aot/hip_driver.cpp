@@ -29,7 +29,7 @@ const LoadedHip& process_hip() {
   static const LoadedHip loaded = [] {
     LoadedHip d;
     try {
-      d.api = load_hip_driver("libamdhip64.so");
+      d.api = load_hip_driver(nullptr);
       const hipError_t r = d.api.hipInit(0);
       if (r != hipSuccess) {
         d.error = "the HIP runtime (libamdhip64.so) is present but hipInit(0) failed: " + describe_hip_error(d.api, r) +
@@ -49,9 +49,27 @@ const LoadedHip& process_hip() {
 }  // namespace
 
 HipApi load_hip_driver(const char* library_name) {
-  const std::string lib = library_name != nullptr ? library_name : "";
+  std::string lib = library_name != nullptr ? library_name : "libamdhip64.so";
+  void* handle = nullptr;
+  if (library_name == nullptr) {
+    // The HIP runtime the process already has (a ROCm build of torch loads its own copy): its
+    // streams and allocations are only valid there. Else the one on the library path.
+    for (const char* name : {"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"}) {
+      handle = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+      if (handle != nullptr) {
+        lib = name;
+        break;
+      }
+    }
+    for (const char* name : {"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"}) {
+      if (handle != nullptr) break;
+      handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (handle != nullptr) lib = name;
+    }
+    if (handle == nullptr) dlerror();
+  }
   dlerror();
-  void* handle = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) handle = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     throw Error(Status::kDriverError, "no HIP runtime (" + lib + "): " + dl_error_text() +
                                           "; the HIP path needs ROCm's libamdhip64.so on the library path "

@@ -68,13 +68,14 @@ struct HipApi {
 };
 
 // The process's HIP table: the injected one while a ScopedHipOverride is alive, else
-// libamdhip64.so, loaded (dlopen + dlsym of every symbol) and hipInit(0)-ed once, thread-safely.
+// libamdhip64.so (load_hip_driver(nullptr)), loaded (dlopen + dlsym of every symbol) and hipInit(0)-ed once, thread-safely.
 // Throws Error(kDriverError) when there is no HIP runtime ("no HIP runtime (libamdhip64.so):
 // <dlerror>; ...") or a symbol is missing (naming it and dlerror()). A failed load is remembered.
 const HipApi& hip_driver();
 bool hip_driver_available() noexcept;
 // Loads a table from the named library without caching it and without hipInit; throws as
-// hip_driver() does.
+// hip_driver() does. Null: the libamdhip64.so the process has already loaded (a ROCm build of
+// torch brings its own), else libamdhip64.so (then .so.7, .so.6, .so.5) from the library path.
 HipApi load_hip_driver(const char* library_name);
 
 // Makes hip_driver() return `fake` for the lifetime of this object (nesting restores the previous

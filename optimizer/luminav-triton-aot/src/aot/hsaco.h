@@ -48,6 +48,7 @@ struct HsacoInfo {
   unsigned mach = 0;        // e_flags & 0xff
   std::string arch;         // "gfx942" etc., "" for a machine this reader does not know
   int abi_version = 0;      // EI_ABIVERSION: 2, 3, 4 (code object v4, v5, v6)
+  std::uint64_t shnum = 0;  // sections
   std::string target;       // amdhsa.target where it is a string
   std::vector<Kernel> kernels;
   std::vector<elf::Symbol> dynsym;  // the .dynsym entries (name, type, bind, shndx)

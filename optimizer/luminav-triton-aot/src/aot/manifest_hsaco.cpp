@@ -41,7 +41,7 @@ void check_hsaco_image(const KernelMetadata& m, const std::string& manifest_path
   const std::string kd = m.entry + ".kd";
   std::size_t descriptors = 0;
   for (const elf::Symbol& s : info.dynsym) {
-    if (s.name == kd && s.bind == elf::kStbGlobal && s.type == elf::kSttObject && s.shndx > 0 && s.shndx < 0xff00) {
+    if (s.name == kd && s.bind == elf::kStbGlobal && s.type == elf::kSttObject && s.shndx > 0 && s.shndx < info.shnum) {
       ++descriptors;
     }
   }
