@@ -559,17 +559,18 @@ def test_cli_inspect_prints_an_aligned_table(toy_bundle, capsys):
     assert cli.main(["inspect", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     from luminamoon.kernels.layout import TABLE_COLS
-    assert f"v2 ({TABLE_COLS}-column tables)" in lines[0]
+    assert f"v3 ({TABLE_COLS}-column tables)" in lines[0]
     header = lines[1]
     assert header.split() == ["key", "kernel", "arch", "warps", "shared", "trailing", "scratch",
-                              "cubin", "bytes"]
+                              "file", "bytes"]
     rows = lines[2:]
     assert len(rows) == len(man["kernels"])
     # right-aligned numeric columns end at the same offset as their header
-    end = header.index("cubin bytes") + len("cubin bytes")
+    end = header.index("bytes") + len("bytes")
     for row, e in zip(rows, man["kernels"]):
         assert row.startswith(e["key"])
         assert row[:end].endswith(str((out / e["cubin"]).stat().st_size))
+        assert row.split()[-2] == "cubin"
         assert f"sm_{e['target']['arch']}" in row
 
 
@@ -595,7 +596,8 @@ def test_cli_usage_and_argument_errors(capsys, tmp_path):
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
     assert cli.main(["build"]) == 2  # --out is required
     assert cli.main(["build", "--out", str(tmp_path), "--arch", "ampere"]) == 1
-    assert "--arch takes comma-separated compute capabilities" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--arch takes comma-separated archs" in err and "'ampere'" in err
     assert cli.main(["build", "--out", str(tmp_path), "--dtypes", "fp32:fp8:fp32"]) == 1
     assert "unknown dtype 'fp8'" in capsys.readouterr().err
     assert cli.main(["inspect", str(tmp_path / "nothing")]) == 1
@@ -605,8 +607,9 @@ def test_cli_usage_and_argument_errors(capsys, tmp_path):
 def test_cli_parsers():
     import torch
 
-    assert cli.parse_archs("80,90") == (80, 90)
-    assert cli.parse_archs("sm_80, sm90") == (80, 90)
+    assert cli.parse_archs("80,90") == (compat.Target("cuda", 80), compat.Target("cuda", 90))
+    assert cli.parse_archs("sm_80, sm90") == cli.parse_archs("cuda:80,90")
+    assert cli.parse_archs("gfx942") == (compat.Target("hip", "gfx942"),)
     assert cli.parse_dtype_combos(["fp32:fp32:fp32,bf16:bf16:fp32", "fp16:fp16:fp16"]) == [
         (torch.float32,) * 3, (torch.bfloat16, torch.bfloat16, torch.float32),
         (torch.float16,) * 3]
