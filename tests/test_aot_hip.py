@@ -29,6 +29,19 @@ pytestmark = [pytest.mark.triton, *requires_compiled_triton]
 MACH = {"gfx90a": 0x3F, "gfx942": 0x4C, "gfx950": 0x4F}
 
 
+def _native_with_hsaco():
+    """The compiled module where its loader knows HIP entries (has_hip_runtime exists), else
+    None: its load_manifest is the C++ loader, which must judge every bundle here alike."""
+    try:
+        from luminamoon import _luminav
+    except ImportError:
+        return None
+    return _luminav if hasattr(_luminav, "has_hip_runtime") else None
+
+
+NATIVE = _native_with_hsaco()
+
+
 # ---------------------------------------------------------------------------------------------
 # The independent reader: section headers, notes, msgpack
 # ---------------------------------------------------------------------------------------------
@@ -127,6 +140,8 @@ def test_mixed_bundle_has_both_backends_and_every_code_object_matches_its_note(m
     # the same keys for both archs, and find_kernel picks the entry by key and device
     assert sorted(e["key"] for e in hip) == sorted(e["key"] for e in cuda)
     loaded = mf.load_bundle(out)
+    if NATIVE is not None:  # the C++ loader accepts it too, every code object checked
+        NATIVE.load_manifest(str(out))
     key = hip[0]["key"]
     assert mf.find_kernel(loaded, key, "gfx942:sramecc+:xnack-")["hsaco"] == hip[0]["hsaco"]
     assert mf.find_kernel(loaded, key, 90)["cubin"] == f"{key}.sm90.cubin"
@@ -261,6 +276,11 @@ def _refusal(b: Path) -> mf.BundleError:
         mf.load_bundle(b)
     problems = mf.verify_bundle(b)[1]
     assert problems and problems[0].code == err.value.code
+    if NATIVE is not None:  # the C++ loader refuses it with the same code and field
+        with pytest.raises(mf.BundleError) as cpp:
+            NATIVE.load_manifest(str(b))
+        assert (cpp.value.code, cpp.value.field) == (err.value.code, err.value.field), \
+            str(cpp.value)
     return err.value
 
 
@@ -381,6 +401,7 @@ def test_manifest_refuses_bad_hip_entries(bundle, edit, code, field):
 
 def test_format_3_is_refused_by_a_reader_of_2(bundle, monkeypatch):
     monkeypatch.setattr(mf, "FORMAT_VERSION", 2)
+    monkeypatch.setitem(globals(), "NATIVE", None)  # the C++ loader knows format 3
     err = _refusal(bundle)
     assert err.code == "format_version" and "found 3" in str(err)
 
@@ -402,4 +423,6 @@ def test_every_variant_compiles_for_gfx942_and_gfx90a(tmp_path):
     assert mf.verify_bundle(tmp_path)[1] == []
     for e in man["kernels"]:
         check_against_note(tmp_path, e)
+    if NATIVE is not None:
+        NATIVE.load_manifest(str(tmp_path))
     print(f"{len(man['kernels'])} code objects in {took:.0f} s")
