@@ -34,6 +34,7 @@ constexpr hipError_t hipErrorLaunchFailure = 719;
 constexpr hipDeviceAttribute_t hipDeviceAttributeMaxThreadsPerBlock = 56;
 constexpr hipMemcpyKind hipMemcpyHostToDevice = 1;
 constexpr hipMemcpyKind hipMemcpyDeviceToHost = 2;
+constexpr hipMemcpyKind hipMemcpyDeviceToDevice = 3;
 
 // X(member, return type, parameter list): each is dlsym'ed by its own name.
 #define LUMINAV_HIP_SYMBOLS(X)                                                                              \
@@ -54,7 +55,10 @@ constexpr hipMemcpyKind hipMemcpyDeviceToHost = 2;
   X(hipMalloc, hipError_t, (void**, size_t))                                                                \
   X(hipFree, hipError_t, (void*))                                                                           \
   X(hipMemcpy, hipError_t, (void*, const void*, size_t, hipMemcpyKind))                                    \
+  X(hipMemcpyAsync, hipError_t, (void*, const void*, size_t, hipMemcpyKind, hipStream_t))                   \
+  X(hipDeviceSynchronize, hipError_t, ())                                                                   \
   X(hipMemsetAsync, hipError_t, (void*, int, size_t, hipStream_t))                                          \
+  X(hipMemsetD32Async, hipError_t, (void*, int, size_t, hipStream_t))                                       \
   X(hipStreamSynchronize, hipError_t, (hipStream_t))
 
 // The HIP table. A plain aggregate of function pointers: a test builds one by hand (an entry it

@@ -2,6 +2,7 @@
 #include "fakes/fake_hip.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 
@@ -112,6 +113,10 @@ hipError_t malloc_(void** p, size_t bytes) {
   std::lock_guard<std::mutex> lock(f.mu);
   if (f.malloc_result != hipSuccess) return f.malloc_result;
   f.allocations.push_back(bytes);
+  if (f.host_memory) {
+    *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    return *p ? hipSuccess : hipErrorOutOfMemory;
+  }
   *p = reinterpret_cast<void*>(static_cast<std::uintptr_t>(f.next_address));
   f.next_address += (bytes + 0xfff) & ~0xfffull;
   return hipSuccess;
@@ -120,11 +125,37 @@ hipError_t free_(void* p) {
   FakeHipState& f = fake_hip();
   std::lock_guard<std::mutex> lock(f.mu);
   f.freed.push_back(p);
+  if (f.host_memory) std::free(p);
   return hipSuccess;
 }
-hipError_t memcpy_(void*, const void*, size_t, hipMemcpyKind) { return hipSuccess; }
-hipError_t memset_async(void*, int, size_t, hipStream_t) { return hipSuccess; }
+hipError_t memcpy_(void* dst, const void* src, size_t bytes, hipMemcpyKind) {
+  FakeHipState& f = fake_hip();
+  if (f.memcpy_result != hipSuccess) return f.memcpy_result;
+  if (f.host_memory && bytes) std::memcpy(dst, src, bytes);
+  return hipSuccess;
+}
+hipError_t memcpy_async(void* dst, const void* src, size_t bytes, hipMemcpyKind kind, hipStream_t) {
+  return memcpy_(dst, src, bytes, kind);
+}
+hipError_t memset_async(void* p, int value, size_t bytes, hipStream_t) {
+  FakeHipState& f = fake_hip();
+  ++f.memsets;
+  if (f.host_memory && bytes) std::memset(p, value, bytes);
+  return hipSuccess;
+}
+hipError_t memset_d32_async(void* p, int value, size_t words, hipStream_t) {
+  FakeHipState& f = fake_hip();
+  ++f.memsets;
+  if (f.host_memory) {
+    for (size_t i = 0; i < words; ++i) std::memcpy(static_cast<char*>(p) + 4 * i, &value, 4);
+  }
+  return hipSuccess;
+}
 hipError_t sync(hipStream_t) { return hipSuccess; }
+hipError_t device_sync() {
+  ++fake_hip().device_syncs;
+  return hipSuccess;
+}
 
 }  // namespace
 
@@ -157,6 +188,9 @@ HipApi make_fake_hip() {
   api.hipFree = free_;
   api.hipMemcpy = memcpy_;
   api.hipMemsetAsync = memset_async;
+  api.hipMemsetD32Async = memset_d32_async;
+  api.hipMemcpyAsync = memcpy_async;
+  api.hipDeviceSynchronize = device_sync;
   api.hipStreamSynchronize = sync;
   api.origin = "fake HIP";
   return api;

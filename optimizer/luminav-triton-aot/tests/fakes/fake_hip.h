@@ -41,7 +41,12 @@ struct FakeHipValues {
   std::set<std::string> missing_functions;  // hipModuleGetFunction answers hipErrorNotFound
   // kernel name -> (user arguments, trailing pointers) the launch record splits its params into
   std::map<std::string, std::pair<std::size_t, int>> param_counts;
-  int module_loads = 0, module_unloads = 0, set_device_calls = 0;
+  // hipMalloc hands out host memory (aligned to 256 bytes) that hipMemcpy*, hipMemset* and
+  // hipFree act on, so the engine's device tables can be read back; off: fake addresses that
+  // nothing may touch.
+  bool host_memory = false;
+  luminav::hipError_t memcpy_result = luminav::hipSuccess;  // hipMemcpy and hipMemcpyAsync
+  int module_loads = 0, module_unloads = 0, set_device_calls = 0, device_syncs = 0, memsets = 0;
   std::vector<const void*> loaded_images;
   std::vector<std::string> looked_up;
   std::vector<std::size_t> allocations;

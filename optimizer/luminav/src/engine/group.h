@@ -148,6 +148,10 @@ void check_group_buffers(const char* who, bool has_pass1, CUdeviceptr table, CUd
                          CUdeviceptr partial_sum, CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr,
                          std::int32_t ntensors, CUdeviceptr found_inf, CUdeviceptr reduce_flag);
 
+// One HIP runtime per (bundle folder, base arch), shared by every HipAotGroup of the process and
+// the engine's HIP device; the manifest is read on first use (throws as AotManifest::load).
+std::shared_ptr<HipRuntime> hip_runtime_for_bundle(const std::string& dir, const std::string& arch);
+
 // The same launch group on an AMD device (HIP): the bundle's HIP entries for `arch` ("gfx942",
 // or ROCm's gcnArchName "gfx942:sramecc+:xnack-"), loaded on HIP device `device` through the HIP
 // table (aot/hip_runtime.h), bound and launched exactly as AotGroup's: the same argument lists
@@ -162,8 +166,14 @@ class HipAotGroup {
   void bind(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr partial_sum,
             CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr, std::int32_t ntensors, CUdeviceptr found_inf,
             CUdeviceptr reduce_flag);
+  // bind() with the buffers of a GroupBuffers, whose commit advances b.commit_rows table rows
+  // (>= b.ntensors; the engine's applied-step counter is one more row). Throws as bind() does,
+  // and kInternal for commit_rows < ntensors.
+  void bind_buffers(const gpu::GroupBuffers& b, CUdeviceptr found_inf, CUdeviceptr reduce_flag);
   void set_flags(CUdeviceptr found_inf, CUdeviceptr reduce_flag);
   void set_lr(CUdeviceptr lr);
+  // The seed of pass 1 and pass 2 (the group's config keeps its own).
+  void set_seed(std::uint64_t seed);
   void pass1(hipStream_t stream);
   void reduce(hipStream_t stream);
   void update(hipStream_t stream);

@@ -1,6 +1,7 @@
 // src/engine/hip_group.cpp: HipAotGroup (engine/group.h), one launch group on an AMD device: the
 // bundle's HIP variants loaded through aot/hip_runtime.h, launched with the argument lists of
 // engine/group_args.h that AotGroup's CUDA launches use
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -11,9 +12,6 @@
 
 namespace luminav {
 
-namespace {
-
-// One HIP runtime per (bundle folder, arch), shared by every group of the process.
 std::shared_ptr<HipRuntime> hip_runtime_for_bundle(const std::string& dir, const std::string& arch) {
   static std::mutex mutex;
   static auto* cache = new std::map<std::pair<std::string, std::string>, std::weak_ptr<HipRuntime>>();
@@ -26,6 +24,8 @@ std::shared_ptr<HipRuntime> hip_runtime_for_bundle(const std::string& dir, const
   }
   return rt;
 }
+
+namespace {
 
 void require(CUdeviceptr address, const char* name) {
   if (address == 0) throw Error(Status::kInvalidArgument, std::string("HipAotGroup: the ") + name + " address is 0");
@@ -67,17 +67,43 @@ HipAotGroup::~HipAotGroup() = default;
 void HipAotGroup::bind(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr partial_sum,
                        CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr, std::int32_t ntensors,
                        CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
-  check_group_buffers("HipAotGroup", has_pass1(), table, block_map, nblocks, partial_sum, partial_bad, stats, lr,
-                      ntensors, found_inf, reduce_flag);
+  gpu::GroupBuffers b;
+  b.table = table;
+  b.block_map = block_map;
+  b.partial_sum = partial_sum;
+  b.partial_bad = partial_bad;
+  b.stats = stats;
+  b.lr = lr;
+  b.nblocks = nblocks;
+  b.ntensors = ntensors;
+  b.commit_rows = ntensors;
+  bind_buffers(b, found_inf, reduce_flag);
+}
+
+void HipAotGroup::bind_buffers(const gpu::GroupBuffers& b, CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
+  check_group_buffers("HipAotGroup", has_pass1(), b.table, b.block_map, b.nblocks, b.partial_sum, b.partial_bad,
+                      b.stats, b.lr, b.ntensors, found_inf, reduce_flag);
+  if (b.commit_rows < b.ntensors) {
+    throw Error(Status::kInternal, "commit must advance every tensor's counter: " + std::to_string(b.commit_rows) +
+                                       " rows for " + std::to_string(b.ntensors) + " tensors");
+  }
   const gpu::GroupScalars s = gpu::group_scalars(cfg_);
   auto l = std::make_unique<Launches>();
-  l->pass1 = gpu::pass1_args(table, block_map, partial_sum, partial_bad, s);
-  l->reduce = gpu::ReduceArgs{table, partial_sum, partial_bad, stats, reduce_flag, ntensors};
-  l->update = gpu::update_args(table, block_map, stats, found_inf, lr, s);
-  l->commit = gpu::commit_args(table, found_inf, ntensors);
-  l->blocks = gpu::blocks_grid(nblocks);
-  l->tensors = {static_cast<unsigned>(ntensors), 1, 1};
+  l->pass1 = gpu::pass1_args(b.table, b.block_map, b.partial_sum, b.partial_bad, s);
+  l->reduce = gpu::ReduceArgs{b.table, b.partial_sum, b.partial_bad, b.stats, reduce_flag, b.ntensors};
+  l->update = gpu::update_args(b.table, b.block_map, b.stats, found_inf, b.lr, s);
+  l->commit = gpu::commit_args(b.table, found_inf, b.commit_rows);
+  l->blocks = gpu::blocks_grid(b.nblocks);
+  l->tensors = {static_cast<unsigned>(b.ntensors), 1, 1};
   launches_ = std::move(l);
+}
+
+void HipAotGroup::set_seed(std::uint64_t seed) {
+  Launches& l = launches("set_seed", false);
+  std::int64_t bits;
+  std::memcpy(&bits, &seed, 8);
+  l.pass1.seed = bits;
+  l.update.seed = bits;
 }
 
 void HipAotGroup::set_flags(CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
