@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,27 +65,29 @@ class HipDeviceTest : public luminav_test::FakeHipFixture {
   void SetUp() override {
     FakeHipFixture::SetUp();
     fake_hip().host_memory = true;
-    write_bundle();
+    write_bundle(luminav::BoundMode::kNone);
     params_ = {std::vector<float>(3000, 0.5f), std::vector<float>(100, -0.25f)};
     grads_ = {std::vector<float>(3000, 0.01f), std::vector<float>(100, 0.02f)};
     originals_ = params_;
   }
 
-  // The HIP variants (gfx942) of the C API's default group: fp32, clip 4, nonfinite skip.
-  void write_bundle() {
+  // The HIP variants (gfx942) of the C API's default group (fp32, clip 4, nonfinite skip) with
+  // the given bound mode; a second call adds to the bundle.
+  void write_bundle(luminav::BoundMode bound_mode) {
     luminav::GroupConfig cfg;
     cfg.hyper.clip = 4.0;
+    cfg.hyper.bound_mode = bound_mode;
     const gpu::VariantKeys k = gpu::variant_keys(cfg);
-    std::vector<json> entries;
     for (const auto& [key, kind] : {std::make_pair(k.pass1, "pass1"), std::make_pair(k.reduce, "reduce"),
                                     std::make_pair(k.pass2, "pass2"), std::make_pair(k.commit, "commit")}) {
+      if (!keys_.insert(key).second) continue;  // reduce and commit do not depend on the bound
       luminav_test::VariantOptions o;
       o.spec = luminav_test::kernel_spec(kind);
-      entries.push_back(luminav_test::add_hip_variant(dir_, key, "gfx942", o));
+      entries_.push_back(luminav_test::add_hip_variant(dir_, key, "gfx942", o));
       fake_hip().param_counts[o.spec.name] = {o.spec.signature.size(), 2};
-      warps_[o.spec.name] = entries.back()["num_warps"].get<int>();
+      warps_[o.spec.name] = entries_.back()["num_warps"].get<int>();
     }
-    luminav_test::write_manifest(dir_, luminav_test::manifest_v3_with(entries));
+    luminav_test::write_manifest(dir_, luminav_test::manifest_v3_with(entries_));
   }
 
   lv_optimizer_options options(const char* arch = "gfx942:sramecc+:xnack-") const {
@@ -99,12 +102,13 @@ class HipDeviceTest : public luminav_test::FakeHipFixture {
   }
 
   // An optimizer of one default group (lr 1e-3, clip 4, nonfinite skip) over the two tensors.
-  lv_optimizer* make(const char* arch = "gfx942:sramecc+:xnack-") {
+  lv_optimizer* make(const char* arch = "gfx942:sramecc+:xnack-", lv_bound_mode bound_mode = LV_BOUND_NONE) {
     const lv_optimizer_options o = options(arch);
     lv_optimizer* opt = nullptr;
     EXPECT_EQ(lv_optimizer_create(&o, &opt), LV_STATUS_OK) << last();
     lv_hyperparams h;
     EXPECT_EQ(lv_hyperparams_init(&h), LV_STATUS_OK);
+    h.bound_mode = bound_mode;
     size_t group = 0;
     EXPECT_EQ(lv_optimizer_add_group(opt, &h, &group), LV_STATUS_OK) << last();
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -138,6 +142,8 @@ class HipDeviceTest : public luminav_test::FakeHipFixture {
 
   luminav_test::TempDir dir_;
   std::string bundle_ = dir_.path();
+  std::vector<json> entries_;
+  std::set<std::string> keys_;
   std::map<std::string, int> warps_;
   std::vector<std::vector<float>> params_, grads_, originals_;
   void* const stream_ = reinterpret_cast<void*>(std::uintptr_t{0x7171});
@@ -240,6 +246,21 @@ TEST_F(HipDeviceTest, AStepLaunchesEachKernelWithItsBlockArgumentsAndScratchPoin
   // allocation of the device is freed
   EXPECT_EQ(fake_hip().module_unloads, 4);
   EXPECT_EQ(fake_hip().freed.size(), fake_hip().allocations.size());
+}
+
+TEST_F(HipDeviceTest, ABoundedGroupsFirstStepCopiesTheParametersIntoPInitOnTheStream) {
+  write_bundle(luminav::BoundMode::kAbs);
+  lv_optimizer* opt = make("gfx942", LV_BOUND_ABS);
+  ASSERT_EQ(lv_optimizer_step(opt, stream_), LV_STATUS_OK) << last();
+  ASSERT_EQ(fake_hip().launches.size(), 4u);
+  const CUdeviceptr table = values(fake_hip().launches[0], kPass1Sizes)[0];
+  const auto* t = reinterpret_cast<const std::int64_t*>(static_cast<std::uintptr_t>(table));
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    const auto* p0 = reinterpret_cast<const float*>(static_cast<std::uintptr_t>(t[k * gpu::kTableCols + gpu::kColPInit]));
+    ASSERT_NE(p0, nullptr);
+    EXPECT_EQ(std::vector<float>(p0, p0 + params_[k].size()), params_[k]);  // hipMemcpyAsync, device to device
+  }
+  EXPECT_EQ(lv_optimizer_destroy(opt), LV_STATUS_OK);
 }
 
 TEST_F(HipDeviceTest, ModuleLoadFailureReachesTheCallerAndChangesNothing) {
