@@ -263,6 +263,30 @@ TEST_F(HipDeviceTest, ABoundedGroupsFirstStepCopiesTheParametersIntoPInitOnTheSt
   EXPECT_EQ(lv_optimizer_destroy(opt), LV_STATUS_OK);
 }
 
+TEST_F(HipDeviceTest, TheOptimizersDeviceIsCurrentForItsWorkAndTheCallersIsRestored) {
+  fake_hip().device_count = 2;
+  lv_optimizer_options o = options();
+  o.device_index = 1;
+  lv_optimizer* opt = nullptr;
+  ASSERT_EQ(lv_optimizer_create(&o, &opt), LV_STATUS_OK) << last();
+  EXPECT_EQ(fake_hip().current_device, 0);  // the caller's device, restored after the allocation
+  lv_hyperparams h;
+  ASSERT_EQ(lv_hyperparams_init(&h), LV_STATUS_OK);
+  ASSERT_EQ(lv_optimizer_add_group(opt, &h, nullptr), LV_STATUS_OK) << last();
+  lv_param_desc d;
+  ASSERT_EQ(lv_param_desc_init(&d), LV_STATUS_OK);
+  d.data = params_[0].data();
+  d.grad = grads_[0].data();
+  d.numel = static_cast<int64_t>(params_[0].size());
+  ASSERT_EQ(lv_optimizer_add_param(opt, 0, &d, nullptr), LV_STATUS_OK) << last();
+  ASSERT_EQ(lv_optimizer_step(opt, stream_), LV_STATUS_OK) << last();
+  ASSERT_EQ(fake_hip().launches.size(), 4u);
+  for (const HipLaunchRecord& r : fake_hip().launches) EXPECT_EQ(r.device, 1) << r.function;
+  EXPECT_EQ(fake_hip().current_device, 0);
+  EXPECT_EQ(lv_optimizer_destroy(opt), LV_STATUS_OK);
+  EXPECT_EQ(fake_hip().current_device, 0);
+}
+
 TEST_F(HipDeviceTest, ModuleLoadFailureReachesTheCallerAndChangesNothing) {
   lv_optimizer* opt = make();
   fake_hip().module_load_result = luminav::hipErrorInvalidImage;
