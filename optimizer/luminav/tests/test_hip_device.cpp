@@ -73,10 +73,11 @@ class HipDeviceTest : public luminav_test::FakeHipFixture {
 
   // The HIP variants (gfx942) of the C API's default group (fp32, clip 4, nonfinite skip) with
   // the given bound mode; a second call adds to the bundle.
-  void write_bundle(luminav::BoundMode bound_mode) {
+  void write_bundle(luminav::BoundMode bound_mode, luminav::NonFinite nonfinite = luminav::NonFinite::kSkip) {
     luminav::GroupConfig cfg;
     cfg.hyper.clip = 4.0;
     cfg.hyper.bound_mode = bound_mode;
+    cfg.hyper.nonfinite = nonfinite;
     const gpu::VariantKeys k = gpu::variant_keys(cfg);
     for (const auto& [key, kind] : {std::make_pair(k.pass1, "pass1"), std::make_pair(k.reduce, "reduce"),
                                     std::make_pair(k.pass2, "pass2"), std::make_pair(k.commit, "commit")}) {
@@ -137,6 +138,17 @@ class HipDeviceTest : public luminav_test::FakeHipFixture {
     EXPECT_EQ(lv_optimizer_step(opt, stream_), status) << last();
     for (const std::string& p : parts) EXPECT_NE(last().find(p), std::string::npos) << "missing \"" << p << "\" in " << last();
     EXPECT_TRUE(fake_hip().launches.empty());
+    expect_unchanged(opt);
+  }
+
+  // A raise step refused after its check: only the check's pass 1 ran, and it names parameter 1.
+  void expect_step_fails_after_probe(lv_optimizer* opt) {
+    EXPECT_EQ(lv_optimizer_step(opt, stream_), LV_STATUS_NON_FINITE) << last();
+    EXPECT_NE(last().find("the gradient of parameter 1 (param group 0) has a non-finite element"), std::string::npos)
+        << last();
+    ASSERT_EQ(fake_hip().launches.size(), 1u);
+    EXPECT_EQ(fake_hip().launches[0].function, kPass1);
+    fake_hip().launches.clear();
     expect_unchanged(opt);
   }
 
@@ -285,6 +297,43 @@ TEST_F(HipDeviceTest, TheOptimizersDeviceIsCurrentForItsWorkAndTheCallersIsResto
   EXPECT_EQ(fake_hip().current_device, 0);
   EXPECT_EQ(lv_optimizer_destroy(opt), LV_STATUS_OK);
   EXPECT_EQ(fake_hip().current_device, 0);
+}
+
+TEST_F(HipDeviceTest, NonfiniteRaiseReadsTheFlagsOnTheHostAndRefusesTheStepUnchanged) {
+  write_bundle(luminav::BoundMode::kNone, luminav::NonFinite::kRaise);  // pass 2 and commit without the flag
+  lv_optimizer_options o = options();
+  lv_optimizer* opt = nullptr;
+  ASSERT_EQ(lv_optimizer_create(&o, &opt), LV_STATUS_OK) << last();
+  lv_hyperparams h;
+  ASSERT_EQ(lv_hyperparams_init(&h), LV_STATUS_OK);
+  h.nonfinite = LV_NONFINITE_RAISE;
+  ASSERT_EQ(lv_optimizer_add_group(opt, &h, nullptr), LV_STATUS_OK) << last();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    lv_param_desc d;
+    ASSERT_EQ(lv_param_desc_init(&d), LV_STATUS_OK);
+    d.data = params_[i].data();
+    d.grad = grads_[i].data();
+    d.numel = static_cast<int64_t>(params_[i].size());
+    ASSERT_EQ(lv_optimizer_add_param(opt, 0, &d, nullptr), LV_STATUS_OK) << last();
+  }
+  // pass 1 writes every block's non-finite flag: here block 3, the second tensor's only block
+  std::int32_t bad_block = 3;
+  fake_hip().on_launch = [&](const HipLaunchRecord& r, void** params) {
+    if (r.function != kPass1) return;
+    CUdeviceptr partial_bad;
+    std::memcpy(&partial_bad, params[3], 8);
+    auto* flags = reinterpret_cast<std::int32_t*>(static_cast<std::uintptr_t>(partial_bad));
+    for (std::int32_t b = 0; b < static_cast<std::int32_t>(r.grid[0]); ++b) flags[b] = b == bad_block ? 1 : 0;
+  };
+  expect_step_fails_after_probe(opt);
+  bad_block = -1;
+  ASSERT_EQ(lv_optimizer_step(opt, stream_), LV_STATUS_OK) << last();
+  // the check (pass 1 as a skipping group runs it), then the step: pass 1, reduce, pass 2, commit
+  ASSERT_EQ(fake_hip().launches.size(), 5u);
+  EXPECT_EQ(fake_hip().launches[0].function, kPass1);
+  EXPECT_EQ(fake_hip().launches[4].function, kCommit);
+  fake_hip().on_launch = nullptr;
+  EXPECT_EQ(lv_optimizer_destroy(opt), LV_STATUS_OK);
 }
 
 TEST_F(HipDeviceTest, ModuleLoadFailureReachesTheCallerAndChangesNothing) {

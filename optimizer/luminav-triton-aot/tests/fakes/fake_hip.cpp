@@ -105,6 +105,7 @@ hipError_t launch(hipFunction_t fn, unsigned gx, unsigned gy, unsigned gz, unsig
       r.trailing.push_back(v);
     }
   }
+  if (f.on_launch) f.on_launch(r, params);
   f.launches.push_back(std::move(r));
   return hipSuccess;
 }

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -53,6 +54,9 @@ struct FakeHipValues {
   std::vector<void*> freed;
   unsigned long long next_address = 0x7e0000000100ull;
   std::vector<HipLaunchRecord> launches;
+  // Called for every launch that succeeds, with its record and kernel parameters (with
+  // host_memory, a test plays the kernel's part here, e.g. raising a flag).
+  std::function<void(const HipLaunchRecord&, void** params)> on_launch;
 };
 
 struct FakeHipState : FakeHipValues {
