@@ -52,6 +52,7 @@ struct Hyperparams {
 struct OptimizerOptions {
   lv_optimizer_options c;
   std::string bundle;  // kept alive for lv_optimizer_create
+  std::string arch;    // kept alive for lv_optimizer_create (HIP)
   OptimizerOptions() { throw_if_error(lv_optimizer_options_init(&c)); }
   OptimizerOptions& threads(int n) { c.num_threads = n; return *this; }
   OptimizerOptions& with_seed(std::uint64_t s) { c.seed = s; return *this; }
@@ -69,7 +70,6 @@ struct OptimizerOptions {
     arch = std::move(device_arch);
     return *this;
   }
-  std::string arch;  // kept alive for lv_optimizer_create (HIP)
 };
 
 // A parameter as the C API sees it (pointers borrowed as lv_param_desc documents).
