@@ -27,7 +27,7 @@ $(VENV)/.deps-stamp: scripts/install-system-deps.sh pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)" $(DEMO_PACKAGES) \
-	    pytest pytest-timeout hypothesis build transformers accelerate lightning
+	    pytest pytest-timeout hypothesis msgpack build transformers accelerate lightning
 	touch $@ $(VENV)/.demo-deps-stamp
 
 venv: $(VENV)/.deps-stamp
@@ -77,7 +77,7 @@ cpp-asan-test: venv
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
 
-# libFuzzer over the manifest reader and the cubin reader (optimizer/luminav-triton-aot/fuzz/),
+# libFuzzer over the manifest reader, the cubin reader and the hsaco reader (optimizer/luminav-triton-aot/fuzz/),
 # built with clang, ASan and UBSan, FUZZ_SECONDS each from the committed seeds; a crash, a
 # sanitizer report, a hang (-timeout) or an exception other than a bundle error fails the target
 # and leaves the input as $(FUZZ_BUILD)/crash-* (or timeout-*, oom-*).
@@ -86,8 +86,8 @@ fuzz: venv
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	    -DLUMINAV_FUZZ=ON -DLUMINAV_SANITIZE=address,undefined -DLUMINAV_BUILD_TESTS=OFF \
 	    -DLUMINAV_BUILD_EXAMPLES=OFF
-	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_manifest fuzz_elf
-	set -e; for t in manifest elf; do \
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_manifest fuzz_elf fuzz_hsaco
+	set -e; for t in manifest elf hsaco; do \
 	  mkdir -p $(FUZZ_BUILD)/corpus-$$t; \
 	  dict=""; [ -f $(FUZZ_DIR)/$$t.dict ] && dict="-dict=$(FUZZ_DIR)/$$t.dict"; \
 	  ASAN_OPTIONS=detect_leaks=1 $(FUZZ_BUILD)/optimizer/luminav-triton-aot/fuzz_$$t \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the native runtime builds against, where they are missing:
-# nlohmann-json (manifest parsing), OpenSSL's libcrypto (SHA-256), GoogleTest, Ninja, and clang
+# nlohmann-json (manifest parsing), msgpack-cxx (the AMD code objects' metadata note, header-only),
+# OpenSSL's libcrypto (SHA-256), GoogleTest, Ninja, and clang
 # with its libFuzzer runtime for `make fuzz` (Debian 12: clang 14, libclang-rt-14-dev ships
 # libclang_rt.fuzzer).
 # With the argument "build": only what the wheel's own build needs (`make demo`); the tests'
@@ -19,6 +20,7 @@ fi
 if [ "$mode" != none ]; then
 [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
 [ -f /usr/include/openssl/evp.h ] || need+=(libssl-dev)
+[ -f /usr/include/msgpack.hpp ] || need+=(libmsgpack-cxx-dev)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 fi

@@ -73,7 +73,7 @@ PAIRS: List[Pair] = [
     Pair("2.15.0", "3.9", above_pip_cap=True),
 ]
 
-TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "hypothesis")
+TEST_REQUIREMENTS = ("pytest", "pytest-timeout", "hypothesis", "msgpack")
 # LuminaMoon's own run-time requirement besides torch (its wheel is installed with --no-deps).
 RUNTIME_REQUIREMENTS = ("numpy",)
 

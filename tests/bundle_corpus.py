@@ -51,7 +51,7 @@ def apply(ops: List[Dict[str, Any]], folder: str) -> None:
                 with open(path, "rb") as f:
                     digest = hashlib.sha256(f.read()).hexdigest()
                 for e in doc["kernels"]:
-                    if e["cubin"] == op["file"]:
+                    if op["file"] in (e.get("cubin"), e.get("hsaco")):
                         e["sha256"] = digest
             with open(mpath, "w") as f:
                 json.dump(doc, f, indent=2)

@@ -161,7 +161,7 @@ def test_bundle_manifest_fields_present_and_typed(bundle, request):
     on_disk = json.loads((out / "manifest.json").read_text())
     assert on_disk == man
     assert on_disk["format"] == "luminamoon-aot-bundle"
-    assert on_disk["format_version"] == 2
+    assert on_disk["format_version"] == 3
     from luminamoon.kernels.layout import TABLE_COLS
     assert on_disk["table_cols"] == TABLE_COLS
     assert on_disk["triton_version"] == triton.__version__
@@ -354,8 +354,9 @@ def test_plan_refuses_a_spec_that_disagrees_with_its_kernel(args, constexprs, pa
 # build_bundle: refusals, atomicity, parallel build
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, pattern", [
-    pytest.param({"archs": ("90",)}, r"arch must be an integer.*got '90'", id="arch-str"),
-    pytest.param({"archs": (9,)}, r"got 9", id="arch-small"),
+    pytest.param({"archs": ("gfx1100",)}, r"arch 'gfx1100': not a compile target: 'gfx1100'; "
+                 r"expected an NVIDIA compute capability.*gfx90a, gfx942, gfx950", id="arch-str"),
+    pytest.param({"archs": (9,)}, r"arch 9: not a compile target", id="arch-small"),
     pytest.param({"archs": ()}, r"no arch given", id="no-arch"),
     pytest.param({"jobs": 0}, r"jobs must be an integer >= 1, got 0", id="jobs"),
     pytest.param({"variants": []}, r"no kernel variants", id="no-variants"),
@@ -544,17 +545,18 @@ def test_cli_inspect_prints_an_aligned_table(toy_bundle, capsys):
     assert cli.main(["inspect", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     from luminamoon.kernels.layout import TABLE_COLS
-    assert f"v2 ({TABLE_COLS}-column tables)" in lines[0]
+    assert f"v3 ({TABLE_COLS}-column tables)" in lines[0]
     header = lines[1]
     assert header.split() == ["key", "kernel", "arch", "warps", "shared", "trailing", "scratch",
-                              "cubin", "bytes"]
+                              "file", "bytes"]
     rows = lines[2:]
     assert len(rows) == len(man["kernels"])
     # right-aligned numeric columns end at the same offset as their header
-    end = header.index("cubin bytes") + len("cubin bytes")
+    end = header.index("bytes") + len("bytes")
     for row, e in zip(rows, man["kernels"]):
         assert row.startswith(e["key"])
         assert row[:end].endswith(str((out / e["cubin"]).stat().st_size))
+        assert row.split()[-2] == "cubin"
         assert f"sm_{e['target']['arch']}" in row
 
 
@@ -580,7 +582,8 @@ def test_cli_usage_and_argument_errors(capsys, tmp_path):
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
     assert cli.main(["build"]) == 2  # --out is required
     assert cli.main(["build", "--out", str(tmp_path), "--arch", "ampere"]) == 1
-    assert "--arch takes comma-separated compute capabilities" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--arch takes comma-separated archs" in err and "'ampere'" in err
     assert cli.main(["build", "--out", str(tmp_path), "--dtypes", "fp32:fp8:fp32"]) == 1
     assert "unknown dtype 'fp8'" in capsys.readouterr().err
     assert cli.main(["inspect", str(tmp_path / "nothing")]) == 1
@@ -590,8 +593,9 @@ def test_cli_usage_and_argument_errors(capsys, tmp_path):
 def test_cli_parsers():
     import torch
 
-    assert cli.parse_archs("80,90") == (80, 90)
-    assert cli.parse_archs("sm_80, sm90") == (80, 90)
+    assert cli.parse_archs("80,90") == (compat.Target("cuda", 80), compat.Target("cuda", 90))
+    assert cli.parse_archs("sm_80, sm90") == cli.parse_archs("cuda:80,90")
+    assert cli.parse_archs("gfx942") == (compat.Target("hip", "gfx942"),)
     assert cli.parse_dtype_combos(["fp32:fp32:fp32,bf16:bf16:fp32", "fp16:fp16:fp16"]) == [
         (torch.float32,) * 3, (torch.bfloat16, torch.bfloat16, torch.float32),
         (torch.float16,) * 3]

@@ -311,9 +311,15 @@ def test_duplicate_key_and_arch(bundle):
 
 def test_wrong_target(bundle):
     man = _manifest(bundle)
+    man["kernels"][0]["target"]["backend"] = "rocm"
+    _write(bundle, man)
+    err = _refusal(bundle)
+    assert err.code == "bad_value" and err.field == "kernels[0].target.backend"
+    # a HIP entry names its code object in "hsaco"; a cubin field does not stand in for it
     man["kernels"][0]["target"]["backend"] = "hip"
     _write(bundle, man)
-    assert _refusal(bundle).field == "kernels[0].target.backend"
+    err = _refusal(bundle)
+    assert err.code == "missing_field" and err.field == "kernels[0].hsaco"
     man["kernels"][0]["target"] = {"backend": "cuda", "arch": 80}
     _write(bundle, man)
     err = _refusal(bundle)

@@ -323,6 +323,40 @@ def test_mutated_blackwell_cubin_raises_only_bundle_errors(tmp_path_factory, edi
     capsys.readouterr()
 
 
+H4 = json.loads(BASE_MANIFEST)["kernels"][4]["hsaco"]  # gfx942: an AMDGPU code object
+HSACO = open(os.path.join(bc.BASE, H4), "rb").read()
+
+
+def _hsaco_regions(data: bytes):
+    """The header, the section table, and the sections a reader parses: symbol and string
+    tables, the metadata note."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shnum, shstrndx = struct.unpack_from("<HH", data, 0x3C)
+    shdrs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + 64 * i) for i in range(shnum)]
+    regions = [(0, 64), (shoff, shoff + 64 * shnum)]
+    regions += [(s[4], s[4] + s[5]) for s in shdrs if s[1] in (2, 3, 7, 11)]
+    return [r for r in regions if r[1] > r[0]]
+
+
+HSACO_REGIONS = _hsaco_regions(HSACO)
+
+
+@settings(MUTATION_SETTINGS, max_examples=1000)
+@given(edits=st.lists(st.tuples(st.integers(0, len(HSACO_REGIONS) - 1),
+                                st.integers(0, 1 << 20), st.integers(0, 255),
+                                st.sampled_from([1, 2, 4, 8])),
+                      min_size=1, max_size=4),
+       cut=st.one_of(st.none(), st.integers(0, len(HSACO))))
+def test_mutated_hsaco_raises_only_bundle_errors(tmp_path_factory, edits, cut, capsys):
+    """An AMD code object corrupted in its header, section table, symbols, strings or msgpack
+    metadata note, its sha256 updated to match: the readers refuse it (or accept it) alike and
+    raise nothing but BundleError (msgpack's own errors included)."""
+    _agree(_mutated_cubin(tmp_path_factory, HSACO, HSACO_REGIONS, 4, H4, edits, cut))
+    capsys.readouterr()
+
+
 def test_the_readers_never_block_on_a_fifo_or_read_dev_zero(tmp_path):
     """A cubin that is a FIFO hung; one linked to /dev/zero read until memory ran out."""
     for case in ("cubin-fifo", "cubin-dev-zero", "manifest-fifo", "manifest-dev-zero"):

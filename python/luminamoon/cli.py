@@ -77,27 +77,29 @@ def _bundle_report(rows, native) -> dict:
         rows.append(("  manifest", f"REFUSED: {exc}"))
         out["problem"] = str(exc)
         return out
+    from .aot.manifest import code_object_file
+
     keys = {}
     for e in manifest["kernels"]:
         keys.setdefault(e["target"]["arch"], set()).add(e["key"])
     out["keys"] = keys
     every = set().union(*keys.values()) if keys else set()
-    size = sum(os.path.getsize(os.path.join(path, e["cubin"])) for e in manifest["kernels"]
-               if os.path.isfile(os.path.join(path, e["cubin"])))
-    rows.append(("  archs", ", ".join(f"sm_{a}" for a in sorted(keys)) or "none"))
-    rows.append(("  variants", f"{len(every)} per arch, {len(manifest['kernels'])} cubins, "
-                               f"{size / 2**20:.1f} MiB"))
+    files = [os.path.join(path, code_object_file(e)) for e in manifest["kernels"]]
+    size = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    rows.append(("  archs", ", ".join(_arch_names(keys)) or "none"))
+    rows.append(("  variants", f"{len(every)} per arch, {len(manifest['kernels'])} cubins and "
+                               f"hsacos, {size / 2**20:.1f} MiB"))
     rows.append(("  manifest", f"format {manifest['format']} v{manifest['format_version']}, "
                                f"{manifest['created_by']}, Triton {manifest['triton_version']}"))
-    incomplete = [a for a in sorted(keys) if keys[a] != every]
+    incomplete = [a for a in keys if keys[a] != every]
     if incomplete:
-        out["problem"] = (f"the bundle lacks variants for {', '.join(f'sm_{a}' for a in incomplete)}"
+        out["problem"] = (f"the bundle lacks variants for {', '.join(_arch_names(incomplete))}"
                           f" that its other archs have")
     if native is not None:
         # The runtime's own loader, every cubin now: ELF checks and its SHA-256 against the manifest.
         try:
             native.load_manifest(path)
-            rows.append(("  verified", f"all {len(manifest['kernels'])} cubins: SHA-256 as "
+            rows.append(("  verified", f"all {len(manifest['kernels'])} code objects: SHA-256 as "
                                        "recorded, whole ELF images (the C++ loader)"))
         except (RuntimeError, ValueError, LookupError) as exc:
             rows.append(("  verified", f"REFUSED by the C++ loader: {exc}"))
@@ -110,9 +112,42 @@ def _bundle_report(rows, native) -> dict:
             rows.append(("  verified", f"{len(problems)} problem(s), first: {problems[0]}"))
             out["problem"] = out["problem"] or str(problems[0])
         else:
-            rows.append(("  verified", f"all {len(manifest['kernels'])} cubins: SHA-256, ELF and "
-                                       "ABI (Python's checker; the native module is not built)"))
+            rows.append(("  verified", f"all {len(manifest['kernels'])} code objects: SHA-256, "
+                                       "ELF and ABI (Python's checker; the native module is not "
+                                       "built)"))
     return out
+
+
+def _arch_names(archs) -> List[str]:
+    """sm_80, sm_90, gfx942 ...: compute capabilities (ints) first, then gfx archs."""
+    return [a if isinstance(a, str) else f"sm_{a}"
+            for a in sorted(archs, key=lambda a: (isinstance(a, str), str(a).zfill(8)))]
+
+
+def _gpu_rows(torch, rows, devices) -> None:
+    """Rows for torch's GPU build and devices; appends (index, name, arch) to ``devices``: arch
+    the compute capability (an int, 90) on CUDA, the gfx arch (a string, "gfx942") on ROCm."""
+    hip = getattr(torch.version, "hip", None)
+    if hip:  # a ROCm build: torch.cuda devices are AMD GPUs driven through HIP
+        rows.append(("torch", f"{torch.__version__} (ROCm build, HIP {hip})"))
+    else:
+        rows.append(("torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})"))
+    cuda = torch.cuda.is_available()
+    rows.append(("cuda devices" + (" (HIP)" if hip else ""),
+                 str(torch.cuda.device_count()) if cuda else "none"))
+    if not cuda:
+        return
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        if hip:
+            full = str(getattr(props, "gcnArchName", "") or "unknown")
+            arch = full.split(":")[0]
+            shown = arch + (f" ({full})" if full != arch else "")
+        else:
+            arch = props.major * 10 + props.minor
+            shown = f"sm_{arch}"
+        devices.append((i, props.name, arch))
+        rows.append((f"  cuda:{i}", f"{props.name}, {shown}, {props.total_memory / 2**30:.0f} GiB"))
 
 
 def doctor(argv: Optional[List[str]] = None) -> int:
@@ -130,16 +165,7 @@ def doctor(argv: Optional[List[str]] = None) -> int:
     try:
         import torch
 
-        rows.append(("torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})"))
-        cuda = torch.cuda.is_available()
-        rows.append(("cuda devices", str(torch.cuda.device_count()) if cuda else "none"))
-        if cuda:
-            for i in range(torch.cuda.device_count()):
-                props = torch.cuda.get_device_properties(i)
-                arch = props.major * 10 + props.minor
-                devices.append((i, props.name, arch))
-                rows.append((f"  cuda:{i}", f"{props.name}, sm_{arch}, "
-                                            f"{props.total_memory / 2**30:.0f} GiB"))
+        _gpu_rows(torch, rows, devices)
         xpu = getattr(torch, "xpu", None)
         rows.append(("xpu devices", str(xpu.device_count()) if xpu is not None and xpu.is_available() else "none"))
         mps = getattr(torch.backends, "mps", None)
@@ -161,6 +187,9 @@ def doctor(argv: Optional[List[str]] = None) -> int:
         rows.append(("native module", f"luminav {getattr(native, '__version__', '?')} "
                                       f"(C API v{native.api_version()}, {native.__file__})"))
         rows.append(("CUDA driver (dlopen)", "found" if native.has_cuda_driver() else "not found"))
+        if hasattr(native, "has_hip_runtime"):  # the HIP layer beside the CUDA driver layer
+            rows.append(("HIP runtime (dlopen)",
+                         "found" if native.has_hip_runtime() else "not found"))
         kind, threads = native.cpu_thread_pool()
         rows.append(("cpu engine", f"{native.cpu_isa()}, {kind}, {threads} thread"
                                    + ("s" if threads != 1 else "")))
@@ -185,8 +214,8 @@ def _verdict(devices, native, bundle) -> str:
     if bundle["problem"]:
         return (f"verdict: FAIL: the default bundle cannot be used: {bundle['problem']} "
                 "(reinstall luminamoon, or pass aot_bundle=DIR)")
-    archs = sorted(bundle["keys"])
-    have = ", ".join(f"sm_{a}" for a in archs)
+    archs = list(bundle["keys"])
+    have = ", ".join(_arch_names(archs))
     if not devices:
         if bundle["path"] is None:
             return "verdict: OK (CPU): no CUDA GPU here; backend 'cpu' runs, and there is no default bundle"
@@ -196,10 +225,13 @@ def _verdict(devices, native, bundle) -> str:
         return ("verdict: FAIL: no default bundle, so backend='aot' needs aot_bundle=DIR "
                 "(luminamoon aot build --arch "
                 f"{','.join(str(a) for _, _, a in devices)} --out DIR); 'triton' needs Triton")
+    hip = [(i, name, a) for i, name, a in devices if isinstance(a, str)]
+    if hip:
+        return _hip_verdict(hip, native, archs, have)
     if not native.has_cuda_driver():
         return "verdict: FAIL: torch sees a GPU but libcuda.so.1 does not load for the native runtime"
     misses = [(i, name, a) for i, name, a in devices
-              if not any(cubin_loads_on(c, a) for c in archs)]
+              if not any(isinstance(c, int) and cubin_loads_on(c, a) for c in archs)]
     if misses:
         i, name, a = misses[0]
         return (f"verdict: FAIL: cuda:{i} ({name}) is sm_{a} and the default bundle has {have} "
@@ -207,6 +239,24 @@ def _verdict(devices, native, bundle) -> str:
                 f"`luminamoon aot build --arch {a} --out DIR` and pass aot_bundle=DIR")
     where = ", ".join(f"cuda:{i} ({name}, sm_{a})" for i, name, a in devices)
     return f"verdict: OK: backend='aot' runs on {where} with the default bundle, no Triton needed"
+
+
+def _hip_verdict(devices, native, archs, have) -> str:
+    """The verdict on a ROCm machine (devices with gfx archs)."""
+    misses = [(i, name, a) for i, name, a in devices if a not in archs]
+    if misses:
+        i, name, a = misses[0]
+        return (f"verdict: FAIL: cuda:{i} ({name}) is {a} and the default bundle has "
+                f"{have or 'no arch'}; build one with `luminamoon aot build --arch {a} --out DIR` "
+                "and pass aot_bundle=DIR, or use backend='triton'")
+    has_hip = getattr(native, "has_hip_runtime", None)
+    if has_hip is None or not has_hip():
+        return ("verdict: FAIL: torch sees an AMD GPU but the native runtime cannot launch on it "
+                "(no HIP runtime: libamdhip64.so does not load, or this luminav predates it); "
+                "backend='triton' runs the kernels on ROCm")
+    where = ", ".join(f"cuda:{i} ({name}, {a})" for i, name, a in devices)
+    return (f"verdict: OK: the default bundle has code objects for {where}; no AMD GPU has run "
+            "these kernels yet (docs/amd.md)")
 
 
 def bench(argv: Optional[List[str]] = None) -> int:

@@ -425,7 +425,8 @@ def campaign(args: argparse.Namespace) -> int:
     t = time.monotonic()
     entries = {e["cubin"]: e["entry"] for e in man["kernels"]}
     with open(os.path.join(corpus_base, "manifest.json")) as f:
-        corpus_entries = {e["cubin"]: e["entry"] for e in json.load(f)["kernels"]}
+        # the corpus base's HIP entries (an "hsaco", no "cubin") are not for the CUDA driver
+        corpus_entries = {e["cubin"]: e["entry"] for e in json.load(f)["kernels"] if "cubin" in e}
     items: List[Tuple[str, str]] = [(f"control/{c}", f"{os.path.join(base, c)}\t{e}")
                                     for c, e in entries.items()]
     for m, r in zip(mutations + corpus, rows):

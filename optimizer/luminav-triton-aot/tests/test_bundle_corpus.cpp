@@ -64,7 +64,7 @@ void apply(const json& op, const std::string& dir) {
     } else {
       const auto bytes = luminav_test::read_bytes(path);
       for (json& e : doc["kernels"]) {
-        if (e["cubin"] == op["file"]) e["sha256"] = luminav::sha256_hex(bytes.data(), bytes.size());
+        if (e.value("cubin", json()) == op["file"] || e.value("hsaco", json()) == op["file"]) e["sha256"] = luminav::sha256_hex(bytes.data(), bytes.size());
       }
     }
     luminav_test::write_text(manifest, doc.dump(2));

@@ -196,8 +196,8 @@ TEST_F(ManifestTest, RefusesAMissingOrUnknownFormat) {
 }
 
 TEST_F(ManifestTest, RefusesANewerOrMissingFormatVersion) {
-  expect_manifest_refused([](json& m) { m["format_version"] = 3; }, BundleRule::kFormatVersion, "format_version",
-                          {manifest_path(), "expected an integer in 1..2", "found integer 3", "update luminav"});
+  expect_manifest_refused([](json& m) { m["format_version"] = 4; }, BundleRule::kFormatVersion, "format_version",
+                          {manifest_path(), "expected an integer in 1..3", "found integer 4", "update luminav"});
   expect_manifest_refused([](json& m) { m.erase("format_version"); }, BundleRule::kFormatVersion, "format_version",
                           {"the field is missing"});
   expect_manifest_refused([](json& m) { m["format_version"] = "1"; }, BundleRule::kBadType, "format_version",
@@ -307,7 +307,7 @@ TEST_F(ManifestTest, RefusesValuesOutOfRange) {
       {[](json& k) { k["num_stages"] = 65; }, "num_stages", {"found 65"}},
       {[](json& k) { k["target"]["warp_size"] = 64; }, "target.warp_size", {"expected 32", "found 64"}},
       {[](json& k) { k["target"]["arch"] = 9; }, "target.arch", {"found 9"}},
-      {[](json& k) { k["target"]["backend"] = "hip"; }, "target.backend", {"expected \"cuda\"", "found \"hip\""}},
+      {[](json& k) { k["target"]["backend"] = "rocm"; }, "target.backend", {"expected \"cuda\" or \"hip\"", "found \"rocm\""}},
       {[](json& k) { k["kernel"] = "pass3"; }, "kernel", {"one of pass1, reduce, pass2, single_pass, commit", "found \"pass3\""}},
       {[](json& k) { k["name"] = ""; }, "name", {"a non-empty string"}},
       {[](json& k) { k["entry"] = "has space"; }, "entry", {"a symbol name"}},

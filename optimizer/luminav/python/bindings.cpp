@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "aot/bundle_rules.h"
+#include "aot/hip_driver.h"
 #include "aot/manifest.h"
 #include "engine/cpu_kernels.h"
 #include "engine/engine.h"
@@ -34,11 +35,13 @@ using namespace nb::literals;
 using luminav::AotGroup;
 using luminav::CpuGroup;
 using luminav::GroupConfig;
+using luminav::HipAotGroup;
 using luminav::RowTuple;
 
 namespace {
 
 luminav::CUstream stream_of(std::uintptr_t stream) { return reinterpret_cast<luminav::CUstream>(stream); }
+luminav::hipStream_t hip_stream_of(std::uintptr_t stream) { return reinterpret_cast<luminav::hipStream_t>(stream); }
 
 // A Python str of library text: UTF-8, any stray byte kept as a \\xNN escape.
 PyObject* text(const std::string& s) {
@@ -105,9 +108,14 @@ nb::dict kernel_dict(const luminav::KernelMetadata& k) {
   d["kernel"] = k.kernel;
   d["name"] = k.name;
   d["entry"] = k.entry;
-  d["cubin"] = k.cubin;
+  d[k.file_field()] = k.cubin;  // "cubin", or "hsaco" for a HIP entry
   d["sha256"] = k.sha256;
-  d["arch"] = k.arch;
+  d["backend"] = k.backend;
+  if (k.hip()) {
+    d["arch"] = k.gfx;  // "gfx942"
+  } else {
+    d["arch"] = k.arch;  // 90
+  }
   d["warp_size"] = k.warp_size;
   d["triton_version"] = k.triton_version;
   d["num_warps"] = k.num_warps;
@@ -160,6 +168,8 @@ NB_MODULE(_luminav, m) {
   m.def("api_version", &lv_api_version, "The C API version of the compiled library.");
   m.def("has_cuda_driver", [] { return luminav::cuda_driver_available(); },
         "True when libcuda.so.1 loads (the aot backend and the engine's CUDA path need it).");
+  m.def("has_hip_runtime", [] { return luminav::hip_driver_available(); },
+        "True when libamdhip64.so loads and hipInit succeeds (what launching a bundle's hsaco files needs).");
 
   m.def("load_manifest", [](nb::object dir) {
     // Any path Python has (str, bytes, os.PathLike; surrogate-escaped bytes included), as bytes.
@@ -324,5 +334,28 @@ NB_MODULE(_luminav, m) {
       .def("update", [](AotGroup& g, std::uintptr_t s) { g.update(stream_of(s)); }, "stream"_a,
            nb::call_guard<nb::gil_scoped_release>())
       .def("commit", [](AotGroup& g, std::uintptr_t s) { g.commit(stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>());
+
+  // The same on an AMD device: the bundle's HIP entries for `arch` (torch's gcnArchName, e.g.
+  // "gfx942:sramecc+:xnack-"), launched through libamdhip64.so; streams are hipStream_t (on a
+  // ROCm build of torch, torch.cuda.current_stream().cuda_stream).
+  nb::class_<HipAotGroup>(m, "HipAotGroup",
+                          "A launch group's AOT kernels loaded on one AMD (HIP) device, launched with the same "
+                          "arguments as AotGroup: bind() the buffers once per layout, then each launch takes only the "
+                          "stream.")
+      .def(nb::init<const std::string&, int, const std::string&, const GroupConfig&>(), "bundle_dir"_a, "device"_a,
+           "arch"_a, "config"_a)
+      .def("bind", &HipAotGroup::bind, "table"_a, "block_map"_a, "nblocks"_a, "partial_sum"_a, "partial_bad"_a,
+           "stats"_a, "lr"_a, "ntensors"_a, "found_inf"_a, "reduce_flag"_a,
+           "Binds every launch to these device buffers (addresses as ints); replaces an earlier binding.")
+      .def("set_flags", &HipAotGroup::set_flags, "found_inf"_a, "reduce_flag"_a)
+      .def("set_lr", &HipAotGroup::set_lr, "lr"_a)
+      .def("pass1", [](HipAotGroup& g, std::uintptr_t s) { g.pass1(hip_stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("reduce", [](HipAotGroup& g, std::uintptr_t s) { g.reduce(hip_stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("update", [](HipAotGroup& g, std::uintptr_t s) { g.update(hip_stream_of(s)); }, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("commit", [](HipAotGroup& g, std::uintptr_t s) { g.commit(hip_stream_of(s)); }, "stream"_a,
            nb::call_guard<nb::gil_scoped_release>());
 }

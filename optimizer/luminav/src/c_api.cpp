@@ -4,6 +4,7 @@
 // registry of live tokens.
 #include "luminav/luminav.h"
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -12,6 +13,7 @@
 #include <new>
 #include <string>
 
+#include "aot/hip_driver.h"
 #include "engine/engine.h"
 #include "luminav/cuda_driver.h"
 #include "luminav/error.h"
@@ -151,6 +153,8 @@ const char* lv_status_string(lv_status status) {
 
 int lv_cuda_driver_available(void) { return luminav::cuda_driver_available() ? 1 : 0; }
 
+int lv_hip_runtime_available(void) { return luminav::hip_driver_available() ? 1 : 0; }
+
 lv_status lv_optimizer_options_init(lv_optimizer_options* options) {
   return guarded([&] {
     require_ptr(options, "options");
@@ -193,11 +197,21 @@ lv_status lv_optimizer_create(const lv_optimizer_options* options, lv_optimizer*
   return guarded([&] {
     require_ptr(options, "options");
     require_ptr(out, "out");
-    check_struct_size(options, "options");
+    // The first release's options ended at bundle_dir; `arch` is read only where struct_size
+    // covers it.
+    constexpr std::size_t kOptionsV1 = offsetof(lv_optimizer_options, arch);
+    if (options->struct_size < kOptionsV1) check_struct_size(options, "options");
+    const bool has_arch = options->struct_size >= sizeof(lv_optimizer_options);
     luminav::EngineOptions eo;
-    if (options->device != LV_DEVICE_CPU && options->device != LV_DEVICE_CUDA) {
-      invalid("device must be LV_DEVICE_CPU (0) or LV_DEVICE_CUDA (1), got " + std::to_string(options->device));
+    if (options->device != LV_DEVICE_CPU && options->device != LV_DEVICE_CUDA && options->device != LV_DEVICE_HIP) {
+      invalid("device must be LV_DEVICE_CPU (0), LV_DEVICE_CUDA (1) or LV_DEVICE_HIP (2), got " +
+              std::to_string(options->device));
     }
+    if (options->device == LV_DEVICE_HIP && !has_arch) {
+      invalid("options->struct_size is " + std::to_string(options->struct_size) + ", which has no arch field; " +
+              "LV_DEVICE_HIP needs it: initialise options with lv_optimizer_options_init");
+    }
+    if (has_arch && options->arch) eo.arch = options->arch;
     eo.device = static_cast<luminav::DeviceType>(options->device);
     eo.device_index = options->device_index;
     eo.num_threads = options->num_threads;

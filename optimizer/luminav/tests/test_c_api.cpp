@@ -264,7 +264,7 @@ TEST_F(CApiTest, CudaWithoutABundleOrDriverIsRefused) {
   EXPECT_EQ(out, reinterpret_cast<lv_optimizer*>(0x1));  // untouched
   o.device = 5;
   EXPECT_EQ(lv_optimizer_create(&o, &out), LV_STATUS_INVALID_ARGUMENT);
-  EXPECT_EQ(last(), "device must be LV_DEVICE_CPU (0) or LV_DEVICE_CUDA (1), got 5");
+  EXPECT_EQ(last(), "device must be LV_DEVICE_CPU (0), LV_DEVICE_CUDA (1) or LV_DEVICE_HIP (2), got 5");
   o.device = LV_DEVICE_CUDA;
   o.bundle_dir = "/nonexistent/bundle";
   if (!lv_cuda_driver_available()) {

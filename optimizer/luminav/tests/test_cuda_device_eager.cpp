@@ -1,4 +1,4 @@
-// tests/test_cuda_device_eager.cpp: the engine's CUDA device (src/engine/cuda_device.cpp), eager
+// tests/test_cuda_device_eager.cpp: the engine's CUDA device (src/engine/gpu_device.cpp on CUDA), eager
 // steps: what a step enqueues (launches and their arguments, the device tables, memsets), what it
 // allocates or synchronises, how it makes its context current, and what it refuses before
 // enqueuing anything; through the fake device of tests/fakes/fake_cuda_device.h

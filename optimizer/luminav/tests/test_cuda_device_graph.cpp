@@ -1,4 +1,4 @@
-// tests/test_cuda_device_graph.cpp: the engine's CUDA device (src/engine/cuda_device.cpp), steps
+// tests/test_cuda_device_graph.cpp: the engine's CUDA device (src/engine/gpu_device.cpp on CUDA), steps
 // replayed as CUDA graphs: recorded on a layout's second step, replayed with their own zeroed
 // flags, equal to eager steps, re-recorded for a new layout, left eager where graphs cannot be
 // used; through the fake device of tests/fakes/fake_cuda_device.h, which records stream capture

@@ -51,15 +51,16 @@ int cmd_inspect(const BundleOptions& o) {
   const AotManifest m = AotManifest::load(o.bundle);
   print_header(m);
   std::vector<std::vector<std::string>> rows = {
-      {"key", "kernel", "arch", "warps", "stages", "shared", "params", "scratch", "cubin"}};
+      {"key", "kernel", "arch", "warps", "stages", "shared", "params", "scratch", "file"}};
   for (const auto& k : m.kernels()) {
     std::string scratch = "-";
     if (k.global_scratch_size > 0 || k.profile_scratch_size > 0) {
       scratch = std::to_string(k.global_scratch_size) + "/" + std::to_string(k.profile_scratch_size) + " B per CTA";
     }
-    rows.push_back({k.key, k.kernel, sm(k.arch), std::to_string(k.num_warps), std::to_string(k.num_stages),
+    rows.push_back({k.key, k.kernel, k.arch_label(), std::to_string(k.num_warps), std::to_string(k.num_stages),
                     std::to_string(k.shared_mem), std::to_string(k.signature.size()) + "+" +
-                    std::to_string(k.num_trailing_scratch_ptrs), scratch, human_bytes(k.cubin_bytes)});
+                    std::to_string(k.num_trailing_scratch_ptrs), scratch,
+                    std::string(k.file_field()) + " " + human_bytes(k.cubin_bytes)});
   }
   print_table(rows);
   return 0;
@@ -85,9 +86,11 @@ int cmd_verify(const BundleOptions& o) {
     return 1;
   }
   print_header(*manifest);
-  // Every cubin now, not only those a step would load: each one's refusal is reported.
-  int bad_cubins = 0;
+  // Every code object (cubin or hsaco) now, not only those a step would load: each one's refusal
+  // is reported. Without a GPU this is every check but the load.
+  int bad_cubins = 0, hsaco_files = 0;
   for (const auto& k : manifest->kernels()) {
+    hsaco_files += k.hip() ? 1 : 0;
     try {
       (void)k.image();
     } catch (const Error& e) {
@@ -97,11 +100,21 @@ int cmd_verify(const BundleOptions& o) {
   }
   if (bad_cubins > 0) {
     std::cout << "FAIL " << bad_cubins << " of " << manifest->kernels().size()
-              << " cubins refused; rebuild the bundle (luminamoon aot build)\n";
+              << " code objects refused; rebuild the bundle (luminamoon aot build)\n";
     return 1;
   }
-  std::cout << "ok  schema, keys, sha256 of " << manifest->kernels().size()
-            << " cubins, ELF structure, entry symbols, archs, parameter lists and block sizes\n";
+  std::cout << "ok  schema, keys, sha256 of " << manifest->kernels().size() - hsaco_files << " cubins"
+            << (hsaco_files > 0 ? " and " + std::to_string(hsaco_files) + " hsaco files (metadata notes, wavefront sizes)"
+                                : std::string())
+            << ", ELF structure, entry symbols, archs, parameter lists and block sizes\n";
+  if (hsaco_files > 0) {
+    std::cout << "skip loading the " << hsaco_files
+              << " hsaco files on an AMD device: luminav verify loads on CUDA devices only\n";
+  }
+  if (hsaco_files == static_cast<int>(manifest->kernels().size())) {
+    if (o.require_gpu) std::cout << "FAIL --require-gpu: this bundle has no CUDA entry to load\n";
+    return o.require_gpu ? 1 : 0;
+  }
   if (!cuda_driver_available()) {
     std::cout << (o.require_gpu ? "FAIL" : "skip") << " on-device checks: " << no_driver_reason() << "\n";
     return o.require_gpu ? 1 : 0;
@@ -119,7 +132,7 @@ int cmd_verify(const BundleOptions& o) {
     try {
       const LoadedKernel& lk = rt.load(k, o.device);
       ++loaded;
-      std::cout << "ok   " << k.key << " (" << sm(k.arch) << "): loaded, "
+      std::cout << "ok   " << k.key << " (" << k.arch_label() << "): loaded, "
                 << (lk.params_checked >= 0 ? std::to_string(lk.params_checked) + " parameters match the manifest"
                                            : std::string("parameter count not checked (driver before CUDA 12.4)"))
                 << ", " << lk.num_regs << " registers\n";

@@ -1,7 +1,8 @@
 """Ahead-of-time bundles of LuminaMoon's Triton kernels (built here, loaded by the C++ runtime).
 
 ``build_bundle`` compiles every kernel variant for the chosen GPU archs on a machine with no GPU
-and writes a bundle folder (``manifest.json`` + one ``.cubin`` per variant and arch);
+and writes a bundle folder (``manifest.json`` + one ``.cubin`` per variant and NVIDIA arch, one
+``.hsaco`` per variant and AMD arch);
 ``load_bundle`` / ``verify_bundle`` check one as the C++ loader does; ``default_bundle_dir`` is
 the bundle the wheel ships. The command line is ``python -m luminamoon.aot
 build|inspect|verify|default`` (or ``luminamoon aot ...``). The format is described in
@@ -19,6 +20,8 @@ _EXPORTS = {
     "BuildError": "builder",
     "build_bundle": "builder",
     "compile_variant": "builder",
+    "Target": "compat",
+    "parse_target": "compat",
     "plan_kernel": "builder",
     "FORMAT": "manifest",
     "FORMAT_VERSION": "manifest",

@@ -1,8 +1,9 @@
 """Compile every kernel variant for every GPU arch and write a bundle. Needs no GPU.
 
 Each variant is compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch,
-32), options={"num_warps", "num_stages", "num_ctas": 1})``; the ``ASTSource`` is built for
-whichever Triton API generation is installed (:mod:`.compat`).
+32), options={"num_warps", "num_stages", "num_ctas": 1})`` for an NVIDIA arch, with
+``GPUTarget("hip", "gfx942", 64)`` for an AMD one (a :class:`.compat.Target` either way); the
+``ASTSource`` is built for whichever Triton API generation is installed (:mod:`.compat`).
 
 Specialisation (what the compiled kernel assumes about its arguments)
 ---------------------------------------------------------------------
@@ -42,7 +43,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import compat
 from .manifest import (FORMAT, FORMAT_VERSION, KERNEL_NAMES, MANIFEST_NAME, BundleError,
-                       atomic_write, check_cubin, derive_key, write_manifest)
+                       atomic_write, check_cubin, code_object_file, derive_key, write_manifest)
 
 DEFAULT_ARCHS = (80, 90)
 
@@ -141,47 +142,65 @@ def _variant_constexprs(plan: CompilePlan, variant: Any) -> Dict[str, int]:
     return {c: int(values[c]) for c in plan.constexpr_names}
 
 
-def compile_options(plan: CompilePlan, variant: Any) -> Dict[str, Any]:
-    """The options ``triton.compile`` gets for ``variant``: what the JIT launcher passes too."""
+def compile_options(plan: CompilePlan, variant: Any, hip: bool = False) -> Dict[str, Any]:
+    """The options ``triton.compile`` gets for ``variant``: what the JIT launcher passes too
+    (``kernels.catalog.variant_options``: no NVIDIA-only option, such as maxnreg, for HIP)."""
+    from ..kernels.catalog import NVIDIA_ONLY_OPTIONS
+
     options = {"num_warps": int(variant.num_warps), "num_stages": int(variant.num_stages),
                "num_ctas": 1, **dict(plan.compile_options)}
     maxnreg = getattr(variant, "maxnreg", None)
     if maxnreg is not None:
         options["maxnreg"] = int(maxnreg)
+    if hip:
+        options = {k: v for k, v in options.items() if k not in NVIDIA_ONLY_OPTIONS}
     return options
 
 
-def compile_variant(plan: CompilePlan, variant: Any, arch: int,
+def compile_variant(plan: CompilePlan, variant: Any, arch: Any,
                     api: Optional[str] = None) -> Tuple[Dict[str, Any], bytes]:
-    """Compiles one variant for one arch: ``(manifest entry, cubin bytes)``."""
+    """Compiles one variant for one arch (a :class:`.compat.Target`, or 90, "gfx942", ...):
+    ``(manifest entry, cubin or hsaco bytes)``."""
     import triton
 
+    target = compat.parse_target(arch)
     key = variant.key()
     constexprs = _variant_constexprs(plan, variant)
     api = api or compat.detect_api()
     src = compat.make_ast_source(plan.fn, plan.source_spec(constexprs), api)
-    options = compile_options(plan, variant)
+    options = compile_options(plan, variant, hip=target.is_hip)
+    version = compat.triton_version()
     try:
-        compiled = triton.compile(src, target=compat.gpu_target(arch), options=options)
+        if target.is_hip:
+            lld = compat.find_hip_lld(version)
+            if lld is not None:
+                os.environ[compat.LLD_ENV] = lld
+        compiled = triton.compile(src, target=target.gpu_target(), options=options)
+    except compat.TritonCompatError as exc:
+        raise BuildError(f"compiling {key} for {target}: {exc}") from None
     except Exception as exc:  # the compiler's own error, with the variant that caused it
-        raise BuildError(f"compiling {key} for sm_{arch} failed: {type(exc).__name__}: "
+        raise BuildError(f"compiling {key} for {target} failed: {type(exc).__name__}: "
                          f"{exc}") from exc
     md = compat.kernel_metadata(compiled)
-    version = compat.triton_version()
-    ptx = compiled.asm["ptx"]
-    cubin = bytes(compiled.asm["cubin"])
     try:
-        trailing = compat.trailing_scratch_ptrs(ptx, md["entry"], len(plan.runtime_args), version)
+        if target.is_hip:
+            image = bytes(compiled.asm["hsaco"])
+            trailing = compat.hsaco_trailing_scratch_ptrs(image, md["entry"],
+                                                          len(plan.runtime_args), version)
+        else:
+            image = bytes(compiled.asm["cubin"])
+            trailing = compat.trailing_scratch_ptrs(compiled.asm["ptx"], md["entry"],
+                                                    len(plan.runtime_args), version)
     except compat.TritonCompatError as exc:
-        raise BuildError(f"{key} for sm_{arch}: {exc}") from None
+        raise BuildError(f"{key} for {target}: {exc}") from None
     entry = {
         "key": key,
         "kernel": plan.kernel,
         "name": _fn_name(plan.fn),
         "entry": md["entry"],
-        "cubin": cubin_file_name(key, arch),
-        "sha256": _sha256(cubin),
-        "target": {"backend": "cuda", "arch": int(arch), "warp_size": 32},
+        ("hsaco" if target.is_hip else "cubin"): code_object_name(key, target),
+        "sha256": _sha256(image),
+        "target": target.manifest_target(),
         "triton_version": version,
         "num_warps": md["num_warps"],
         "num_ctas": md["num_ctas"],
@@ -198,21 +217,27 @@ def compile_variant(plan: CompilePlan, variant: Any, arch: int,
         "profile_scratch_align": md["profile_scratch_align"],
     }
     if entry["num_warps"] != int(variant.num_warps):
-        raise BuildError(f"{key} for sm_{arch}: asked for num_warps={variant.num_warps} but "
+        raise BuildError(f"{key} for {target}: asked for num_warps={variant.num_warps} but "
                          f"Triton compiled {entry['num_warps']}")
-    # The loaders' own cubin checks (docs/bundle-format.md, rules C2-C6): a toolchain whose
+    # The loaders' own checks (docs/bundle-format.md, rules C2-C6, H2-H9): a toolchain whose
     # output they would refuse is reported here, when the bundle is built, not at its first load.
     try:
-        check_cubin(".", entry, 0, data=cubin)
+        check_cubin(".", entry, 0, data=image)
     except BundleError as exc:
-        raise BuildError(f"{key} for sm_{arch}: the compiled cubin breaks the bundle rule book "
+        what = "code object" if target.is_hip else "cubin"
+        raise BuildError(f"{key} for {target}: the compiled {what} breaks the bundle rule book "
                          f"[{exc.code}]: {exc.expected} expected, {exc.found} found; this "
-                         f"Triton ({version}) writes cubins the loaders do not accept") from None
-    return entry, cubin
+                         f"Triton ({version}) writes {what}s the loaders do not accept") from None
+    return entry, image
 
 
 def cubin_file_name(key: str, arch: int) -> str:
     return f"{key}.sm{int(arch)}.cubin"
+
+
+def code_object_name(key: str, target: compat.Target) -> str:
+    """``<key>.sm<arch>.cubin`` or ``<key>.<gfx arch>.hsaco``."""
+    return f"{key}.{target.arch}.hsaco" if target.is_hip else cubin_file_name(key, target.arch)
 
 
 def _sha256(data: bytes) -> str:
@@ -237,16 +262,17 @@ def _table_cols() -> int:
     return int(TABLE_COLS)
 
 
-def _check_archs(archs: Iterable[Any]) -> Tuple[int, ...]:
-    out = []
+def _check_archs(archs: Iterable[Any]) -> Tuple[compat.Target, ...]:
+    out: List[compat.Target] = []
     for a in archs:
-        if isinstance(a, bool) or not isinstance(a, int) or a < 50:
-            raise BuildError(f"arch must be an integer compute capability major*10+minor such "
-                             f"as 80 or 90, got {a!r}")
-        if a not in out:
-            out.append(a)
+        try:
+            t = compat.parse_target(a)
+        except ValueError as exc:
+            raise BuildError(f"arch {a!r}: {exc}") from None
+        if t not in out:
+            out.append(t)
     if not out:
-        raise BuildError("no arch given; pass e.g. archs=(80, 90)")
+        raise BuildError('no arch given; pass e.g. archs=(80, 90) or ("gfx942",)')
     return tuple(out)
 
 
@@ -330,7 +356,7 @@ def _compile_in_worker(item: Tuple[int, Tuple[str, str], CompilePlan, Any, int, 
     return index, entry, cubin
 
 
-def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAULT_ARCHS,
+def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[Any] = DEFAULT_ARCHS,
                  dtype_combos: Optional[Sequence[Tuple[Any, Any, Any]]] = None,
                  variants: Optional[Sequence[Any]] = None, jobs: int = 1,
                  progress: bool = True, *, specs: Optional[Mapping[str, Any]] = None
@@ -392,7 +418,7 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
     t0 = time.monotonic()
 
     def finish(index: int, entry: Dict[str, Any], cubin: bytes) -> None:
-        atomic_write(os.path.join(out_dir, entry["cubin"]), cubin)
+        atomic_write(os.path.join(out_dir, code_object_file(entry)), cubin)
         entries[index] = entry
         bar.update(entry)
 
@@ -420,7 +446,7 @@ def build_bundle(out_dir: "os.PathLike[str] | str", archs: Sequence[int] = DEFAU
     }
     write_manifest(out_dir, manifest)
     if progress:
-        print(f"wrote {len(entries)} cubin(s) for sm_{', sm_'.join(map(str, archs))} and "
+        print(f"wrote {len(entries)} kernel(s) for {', '.join(map(str, archs))} and "
               f"{MANIFEST_NAME} to {out_dir} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     return manifest
 
@@ -442,7 +468,7 @@ class _progress:
         self.done += 1
         if not self.enabled:
             return
-        label = f"{entry['key']} sm_{entry['target']['arch']}"
+        label = f"{entry['key']} {compat.parse_target(entry['target']['arch'])}"
         if self.bar is not None:
             self.bar.set_postfix_str(label, refresh=False)
             self.bar.update(1)

@@ -13,11 +13,14 @@ PROG = "luminamoon aot"
 USAGE = f"""usage: {PROG} <command> ...
 
 commands:
-  build    --arch 80,90 --out DIR [--dtypes fp32:fp32:fp32,bf16:bf16:fp32 ...] [--jobs N]
-           compile every kernel variant for each arch (no GPU needed) into a bundle folder
+  build    --arch 80,90,gfx942 --out DIR [--dtypes fp32:fp32:fp32,bf16:bf16:fp32 ...] [--jobs N]
+           compile every kernel variant for each arch (no GPU needed) into a bundle folder;
+           NVIDIA compute capabilities (90, sm_90, cuda:90) and AMD archs (gfx90a, gfx942,
+           gfx950, hip:gfx942) may be mixed
   inspect  DIR    list the bundle's kernels: key, kernel, arch, warps, shared memory, trailing
-                  scratch pointers, cubin size
-  verify   DIR    check the manifest schema, every cubin's sha256 and its ABI; exit 0 when sound
+                  scratch pointers, cubin or hsaco file and size
+  verify   DIR    check the manifest schema, every cubin's and hsaco's sha256 and ABI; exit 0
+                  when sound
   default         print the folder of the default bundle (the one the wheel ships, or
                   $LUMINAMOON_AOT_BUNDLE); exit 1 when there is none
 """
@@ -30,19 +33,18 @@ DTYPE_NAMES = {
 }
 
 
-def parse_archs(text: str) -> Tuple[int, ...]:
-    """``"80,90"`` or ``"sm_80,sm90"`` -> ``(80, 90)``."""
+def parse_archs(text: str) -> Tuple[Any, ...]:
+    """``"80,sm_90,gfx942"`` -> ``(Target("cuda", 80), Target("cuda", 90), Target("hip",
+    "gfx942"))`` (:func:`.compat.parse_target`)."""
+    from .compat import parse_target
+
     out = []
     for part in text.split(","):
-        word = part.strip().lower()
-        for prefix in ("sm_", "sm"):
-            if word.startswith(prefix):
-                word = word[len(prefix):]
-                break
-        if not word.isdigit():
-            raise ValueError(f"--arch takes comma-separated compute capabilities such as 80,90; "
-                             f"got {part.strip()!r}")
-        out.append(int(word))
+        try:
+            out.append(parse_target(part))
+        except ValueError as exc:
+            raise ValueError(f"--arch takes comma-separated archs such as 80,90,gfx942: {exc}") \
+                from None
     return tuple(out)
 
 
@@ -77,7 +79,8 @@ def _build(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog=f"{PROG} build",
                                  description="Compile the Triton kernels ahead of time.")
     ap.add_argument("--arch", default="80,90",
-                    help="comma-separated compute capabilities (default 80,90)")
+                    help="comma-separated archs: NVIDIA compute capabilities (80, sm_90, "
+                         "cuda:90) and AMD gfx90a, gfx942, gfx950 (default 80,90)")
     ap.add_argument("--out", required=True, help="bundle folder to write")
     ap.add_argument("--dtypes", action="append", default=None,
                     help="param:grad:state dtype combos, comma-separated (repeatable); "
@@ -117,19 +120,26 @@ def _inspect(argv: Sequence[str]) -> int:
     except BundleError as exc:
         print(f"{PROG} inspect: error: {exc}", file=sys.stderr)
         return 1
-    rows = [("key", "kernel", "arch", "warps", "shared", "trailing scratch", "cubin bytes")]
+    rows = [("key", "kernel", "arch", "warps", "shared", "trailing scratch", "file", "bytes")]
     for e in manifest["kernels"]:
-        path = os.path.join(args.dir, e["cubin"])
+        name = mf.code_object_file(e)
+        path = os.path.join(args.dir, name)
         size = str(os.path.getsize(path)) if os.path.isfile(path) else "missing"
-        rows.append((e["key"], e["kernel"], f"sm_{e['target']['arch']}", str(e["num_warps"]),
-                     str(e["shared_mem"]), str(e["num_trailing_scratch_ptrs"]), size))
+        rows.append((e["key"], e["kernel"], _arch(e), str(e["num_warps"]),
+                     str(e["shared_mem"]), str(e["num_trailing_scratch_ptrs"]),
+                     name.rsplit(".", 1)[-1], size))
     print(f"{args.dir}: format {manifest['format']} v{manifest['format_version']} "
           f"({mf.table_cols(manifest)}-column tables), "
           f"{manifest['created_by']}, Triton {manifest['triton_version']}, "
           f"{len(manifest['kernels'])} kernel(s)")
     if len(rows) > 1:
-        print(_table(rows, right=(3, 4, 5, 6)))
+        print(_table(rows, right=(3, 4, 5, 7)))
     return 0
+
+
+def _arch(entry: Any) -> str:
+    arch = entry["target"]["arch"]
+    return arch if isinstance(arch, str) else f"sm_{arch}"
 
 
 def _verify(argv: Sequence[str]) -> int:
@@ -145,9 +155,9 @@ def _verify(argv: Sequence[str]) -> int:
               file=sys.stderr)
         return 1
     assert manifest is not None
-    archs = sorted({e["target"]["arch"] for e in manifest["kernels"]})
+    archs = sorted({_arch(e) for e in manifest["kernels"]})
     print(f"{args.dir}: OK, {len(manifest['kernels'])} kernel(s) for "
-          f"{', '.join(f'sm_{a}' for a in archs) or 'no arch'}; hashes, schema and ABI agree")
+          f"{', '.join(archs) or 'no arch'}; hashes, schema and ABI agree")
     return 0
 
 

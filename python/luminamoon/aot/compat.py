@@ -31,7 +31,7 @@ import importlib
 import inspect
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 API_INDEX_KEYED = "index_keyed"  # Triton 3.0, 3.1
 API_NAME_KEYED = "name_keyed"  # Triton 3.2
@@ -202,11 +202,173 @@ def make_ast_source(fn: Any, spec: SourceSpec, api: Optional[str] = None) -> Any
                      attrs=kw["attrs"])
 
 
-def gpu_target(arch: int, warp_size: int = 32) -> Any:
-    """``GPUTarget("cuda", arch, warp_size)``; the arch must be an int (e.g. 90)."""
-    from triton.backends.compiler import GPUTarget
+# --------------------------------------------------------------------------------------------
+# The compile target: an NVIDIA compute capability or an AMD gfx arch
+# --------------------------------------------------------------------------------------------
+from .hsaco import HIP_ARCHS  # noqa: E402  (gfx90a, gfx942, gfx950: what a HIP entry may name)
+TARGET_FORMS = ("an NVIDIA compute capability: 90, sm_90, sm90 or cuda:90; an AMD arch: "
+                f"{', '.join(HIP_ARCHS)} or hip:<arch>")
 
-    return GPUTarget("cuda", int(arch), int(warp_size))
+
+@dataclass(frozen=True)
+class Target:
+    """One compile target: ``Target("cuda", 90)`` or ``Target("hip", "gfx942")``."""
+
+    backend: str
+    arch: Any  # int for cuda (major*10 + minor), str for hip
+
+    def __post_init__(self) -> None:
+        if self.backend == "cuda":
+            ok = isinstance(self.arch, int) and not isinstance(self.arch, bool) \
+                and 50 <= self.arch <= 999
+        elif self.backend == "hip":
+            ok = self.arch in HIP_ARCHS
+        else:
+            ok = False
+        if not ok:
+            raise ValueError(f"not a compile target: backend {self.backend!r}, arch "
+                             f"{self.arch!r}; expected {TARGET_FORMS}")
+
+    @property
+    def warp_size(self) -> int:
+        return 64 if self.backend == "hip" else 32
+
+    @property
+    def is_hip(self) -> bool:
+        return self.backend == "hip"
+
+    def __str__(self) -> str:
+        return self.arch if self.is_hip else f"sm_{self.arch}"
+
+    def gpu_target(self) -> Any:
+        """Triton's ``GPUTarget(backend, arch, warp_size)``."""
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.backend, self.arch, self.warp_size)
+
+    def manifest_target(self) -> Dict[str, Any]:
+        return {"backend": self.backend, "arch": self.arch, "warp_size": self.warp_size}
+
+
+def parse_target(value: Any) -> Target:
+    """``90``, ``"90"``, ``"sm_90"``, ``"sm90"``, ``"cuda:90"`` -> ``Target("cuda", 90)``;
+    ``"gfx942"``, ``"hip:gfx942"`` -> ``Target("hip", "gfx942")``; a Target as it is. Raises
+    ValueError naming the value and the accepted forms."""
+    if isinstance(value, Target):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Target("cuda", value)
+    if not isinstance(value, str):
+        raise ValueError(f"not a compile target: {value!r}; expected {TARGET_FORMS}")
+    word = value.strip().lower()
+    backend = None
+    for prefix, b in (("cuda:", "cuda"), ("hip:", "hip"), ("sm_", "cuda"), ("sm", "cuda")):
+        if word.startswith(prefix):
+            backend, word = b, word[len(prefix):]
+            break
+    if backend != "cuda" and word.startswith("gfx"):
+        try:
+            return Target("hip", word)
+        except ValueError:
+            pass
+    elif backend != "hip" and word.isdigit():
+        try:
+            return Target("cuda", int(word))
+        except ValueError:
+            pass
+    raise ValueError(f"not a compile target: {value!r}; expected {TARGET_FORMS}")
+
+
+def gpu_target(arch: Any, warp_size: Optional[int] = None) -> Any:
+    """Triton's ``GPUTarget`` for ``arch`` (a :class:`Target` or what :func:`parse_target`
+    takes): ``GPUTarget("cuda", 90, 32)``, ``GPUTarget("hip", "gfx942", 64)``."""
+    target = parse_target(arch)
+    if warp_size is not None and warp_size != target.warp_size:
+        raise ValueError(f"{target} runs warps of {target.warp_size}, not {warp_size}")
+    return target.gpu_target()
+
+
+# --------------------------------------------------------------------------------------------
+# Triton 3.0-3.4 on AMD: the external linker
+# --------------------------------------------------------------------------------------------
+LLD_ENV = "TRITON_HIP_LLD_PATH"
+_LLVM_DIR = re.compile(r"/llvm-(\d+)/")
+
+
+def hip_needs_external_lld(version: str) -> bool:
+    """Triton 3.0-3.4 link AMD code objects with an external ld.lld; 3.5 and later inside."""
+    m = _VERSION.match(str(version))
+    return bool(m) and int(m.group(1)) == 3 and int(m.group(2)) <= 4
+
+
+def find_hip_lld(version: str, environ: Optional[Mapping[str, str]] = None,
+                 candidates: Optional[Sequence[str]] = None) -> Optional[str]:
+    """The ld.lld Triton ``version`` needs to link an AMD code object, or None (3.5+: none).
+
+    ``$TRITON_HIP_LLD_PATH`` if set (it must exist), else the newest Debian lld among
+    ``candidates`` (default: /usr/lib/llvm-*/bin/ld.lld and /usr/bin/ld.lld); 3.3 and 3.4 need
+    lld 19 or later (an older one fails with "unknown abi version"). Raises TritonCompatError
+    naming TRITON_HIP_LLD_PATH and the Debian package."""
+    if not hip_needs_external_lld(version):
+        return None
+    import glob
+    import os
+
+    environ = os.environ if environ is None else environ
+    minor = int(_VERSION.match(str(version)).group(2))
+    need = 19 if minor >= 3 else 14
+    package = f"lld-{need}"
+    hint = (f"set {LLD_ENV} to an ld.lld of LLVM {need} or later, or install Debian's {package} "
+            f"(apt-get install {package})")
+    given = environ.get(LLD_ENV)
+    if given:
+        if not os.access(given, os.X_OK):
+            raise TritonCompatError(f"{LLD_ENV}={given!r} is not an executable file; {hint}")
+        return given
+    if candidates is None:
+        candidates = glob.glob("/usr/lib/llvm-*/bin/ld.lld") + ["/usr/bin/ld.lld"]
+    found = []
+    for path in candidates:
+        if os.access(path, os.X_OK):
+            m = _LLVM_DIR.search(os.path.realpath(path)) or _LLVM_DIR.search(path)
+            found.append((int(m.group(1)) if m else 0, path))
+    if not found:
+        raise TritonCompatError(f"Triton {version} links AMD code objects with an external "
+                                f"ld.lld and none was found; {hint}")
+    llvm, path = max(found)
+    if llvm < need:
+        raise TritonCompatError(f"Triton {version} needs ld.lld of LLVM {need} or later to link "
+                                f"AMD code objects; the newest found is {path} (LLVM "
+                                f"{llvm or 'unknown'}); {hint}")
+    return path
+
+
+def hsaco_trailing_scratch_ptrs(hsaco: bytes, name: str, num_runtime_args: int,
+                                version: str) -> int:
+    """Trailing scratch pointers of a compiled AMD kernel: its code object's explicit arguments
+    (NT_AMDGPU_METADATA, hidden_* excluded) less the runtime arguments, cross-checked with what
+    Triton ``version`` is known to append."""
+    from .hsaco import HsacoError, explicit_args, parse_hsaco
+
+    try:
+        kernels = parse_hsaco(hsaco).kernel(name)
+    except HsacoError as exc:
+        raise TritonCompatError(f"the code object of {name} is unreadable: {exc}") from None
+    if len(kernels) != 1:
+        raise TritonCompatError(f"the code object's metadata note has {len(kernels)} kernels "
+                                f"named {name!r}, expected one")
+    n_params = len(explicit_args(kernels[0]))
+    trailing = n_params - num_runtime_args
+    if trailing < 0:
+        raise TritonCompatError(f"kernel {name} has {n_params} explicit arguments, fewer than "
+                                f"its {num_runtime_args} runtime arguments")
+    expected = expected_trailing_scratch_ptrs(version)
+    if expected is not None and trailing != expected:
+        raise TritonCompatError(
+            f"kernel {name}: the code object has {trailing} trailing scratch pointer(s) "
+            f"({n_params} explicit arguments - {num_runtime_args} runtime arguments) but Triton "
+            f"{version} is known to append {expected}; the bundle would launch with a wrong ABI")
+    return trailing
 
 
 def triton_version() -> str:

@@ -1,7 +1,7 @@
-"""The bundle manifest (format_version 2): the rule book's schema, writer, loader and verifier.
+"""The bundle manifest (format_version 3): the rule book's schema, writer, loader and verifier.
 
-A bundle is a folder: ``manifest.json`` plus one ``.cubin`` per compiled kernel variant and
-arch. The C++ runtime (``luminav::AotManifest``) and this module read the same files by the
+A bundle is a folder: ``manifest.json`` plus one ``.cubin`` (NVIDIA) or ``.hsaco`` (AMD, a HIP
+entry; :mod:`.hsaco`) per compiled kernel variant and arch. The C++ runtime (``luminav::AotManifest``) and this module read the same files by the
 same rules, in the same order (docs/bundle-format.md, "The rule book"), and refuse a bad bundle
 with the same reason code: a :class:`BundleError` that names the file, the field, what was
 expected and what was found. Reading never blocks and never reads without bound (:mod:`.files`);
@@ -20,6 +20,7 @@ from ..kernels.keys import KEY_CONSTEXPRS, variant_key as derive_key  # the one 
 from . import compat
 from .cubin import CubinError, parse_cubin
 from .files import read_bundle_file
+from .hsaco import HIP_ARCHS, HIP_WARP_SIZE, check_hsaco
 from .manifest_json import parse_manifest_bytes
 from .rules import (CODES, CUBIN_MAX_BYTES, MANIFEST_MAX_BYTES, NAME_MAX_BYTES,
                     RULES, BundleError)
@@ -29,7 +30,8 @@ __all__ = ["BundleError", "CODES", "RULES", "FORMAT", "FORMAT_VERSION", "check_c
            "runs_on", "validate_manifest", "verify_bundle", "write_manifest"]
 
 FORMAT = "luminamoon-aot-bundle"
-FORMAT_VERSION = 2  # the newest format_version this reader understands
+FORMAT_VERSION = 3  # the newest format_version this reader understands
+HIP_MIN_FORMAT_VERSION = 3  # the first format_version with HIP entries
 # Columns of the device table that the kernels of a format_version 1 bundle read; from
 # version 2 the manifest says it in "table_cols".
 V1_TABLE_COLS = 12
@@ -53,6 +55,22 @@ _FIX_REBUILD = "rebuild the bundle (luminamoon aot build)"
 
 def expected_cubin_name(key: str, arch: int) -> str:
     return f"{key}.sm{arch}.cubin"
+
+
+def expected_hsaco_name(key: str, arch: str) -> str:
+    return f"{key}.{arch}.hsaco"
+
+
+def is_hip_entry(entry: Any) -> bool:
+    """A HIP entry: its ``target`` an object whose ``backend`` is the string ``"hip"`` (what K1
+    looks at before the fifth field, ``hsaco`` in place of ``cubin``)."""
+    tgt = entry.get("target") if isinstance(entry, dict) else None
+    return isinstance(tgt, dict) and tgt.get("backend") == "hip"
+
+
+def code_object_file(entry: Mapping[str, Any]) -> str:
+    """The file an entry names: its ``hsaco`` (HIP) or its ``cubin`` (CUDA)."""
+    return entry["hsaco"] if is_hip_entry(entry) else entry["cubin"]
 
 
 def is_manifest_type_word(word: Any) -> bool:
@@ -187,7 +205,7 @@ def validate_manifest(manifest: Any, path: str = MANIFEST_NAME) -> None:
                               "an empty array", _FIX_REBUILD)
     seen: Dict[Tuple[str, int], int] = {}
     for i, entry in enumerate(manifest["kernels"]):
-        validate_kernel_entry(entry, path, i)
+        validate_kernel_entry(entry, path, i, version)
         k = (entry["key"], entry["target"]["arch"])
         if k in seen:
             raise BundleError("duplicate", path, f"kernels[{i}]", "one entry per (key, arch)",
@@ -201,16 +219,21 @@ def table_cols(manifest: Mapping[str, Any]) -> int:
         else V1_TABLE_COLS
 
 
-def validate_kernel_entry(entry: Any, path: str, i: int) -> None:
-    """Rules K0-K2 for ``kernels[i]``."""
+def validate_kernel_entry(entry: Any, path: str, i: int, version: int = FORMAT_VERSION) -> None:
+    """Rules K0-K2 for ``kernels[i]`` of a manifest of ``format_version`` ``version``."""
     p = f"kernels[{i}]."
     if not isinstance(entry, dict):
         raise BundleError("bad_type", path, f"kernels[{i}]", "an object", _show(entry))
-    # K1: every field present with its type, in order
+    hip = is_hip_entry(entry)
+    # K1: every field present with its type, in order (a HIP entry's file is "hsaco")
     for name, (check, want) in KERNEL_FIELDS.items():
+        if name == "cubin" and hip:
+            name = "hsaco"
         v = _field(entry, name, check, want, path, p + name)
         if name == "target":
             for tname, (tcheck, twant) in TARGET_FIELDS.items():
+                if hip and tname == "arch":
+                    tcheck, twant = _is_str, "a string"
                 _field(v, tname, tcheck, twant, path, f"{p}target.{tname}")
         elif name in ("arg_names", "signature"):
             for j, x in enumerate(v):
@@ -240,16 +263,28 @@ def validate_kernel_entry(entry: Any, path: str, i: int) -> None:
         raise bad("entry", "a symbol name ([A-Za-z_$][A-Za-z0-9_$]*, at most 255 bytes)")
     if not _HEX64.fullmatch(entry["sha256"]):
         raise bad("sha256", "64 lowercase hex digits")
-    cub = entry["cubin"]
+    file_field = "hsaco" if hip else "cubin"
+    cub = entry[file_field]
     if len(cub) > NAME_MAX_BYTES or not _FILE_NAME.fullmatch(cub):
-        raise bad("cubin", "a file name inside the bundle folder (no directories; letters, "
+        raise bad(file_field, "a file name inside the bundle folder (no directories; letters, "
                   "digits, '.', '_', '-'; at most 255 bytes)")
     tgt = entry["target"]
-    if tgt["backend"] != "cuda":
-        raise bad("target.backend", '"cuda"')
-    in_range("target.arch", 10, 999)
-    if tgt["warp_size"] != 32:
-        raise bad("target.warp_size", "32")
+    if tgt["backend"] not in ("cuda", "hip"):
+        raise bad("target.backend", '"cuda" or "hip"')
+    if hip:
+        if version < HIP_MIN_FORMAT_VERSION:
+            raise bad("target.backend", f'"cuda" (HIP entries need format_version '
+                      f'{HIP_MIN_FORMAT_VERSION} or later; this manifest is {version})',
+                      code="hip_target", fix=_FIX_REBUILD)
+        if tgt["arch"] not in HIP_ARCHS:
+            raise bad("target.arch", f"one of {', '.join(HIP_ARCHS)}", code="hip_target")
+        if tgt["warp_size"] != HIP_WARP_SIZE:
+            raise bad("target.warp_size", f"{HIP_WARP_SIZE} (an AMD gfx9 wavefront)",
+                      code="hip_target")
+    else:
+        in_range("target.arch", 10, 999)
+        if tgt["warp_size"] != 32:
+            raise bad("target.warp_size", "32")
     if not _is_version(entry["triton_version"]):
         raise bad("triton_version", 'a version such as "3.6.0"')
     in_range("num_warps", 1, 32, pow2=True)
@@ -296,10 +331,10 @@ def validate_kernel_entry(entry: Any, path: str, i: int) -> None:
         raise bad("key", f"{json.dumps(key)} (derived from kernel, constexprs and num_warps)",
                   code="key_mismatch", fix="the key does not name this variant; rebuild the "
                   "bundle")
-    want_cubin = expected_cubin_name(key, tgt["arch"])
+    want_cubin = (expected_hsaco_name if hip else expected_cubin_name)(key, tgt["arch"])
     if cub != want_cubin:
-        raise bad("cubin", json.dumps(want_cubin), code="key_mismatch",
-                  fix="the cubin file is not this variant's; rebuild the bundle")
+        raise bad(file_field, json.dumps(want_cubin), code="key_mismatch",
+                  fix=f"the {file_field} file is not this variant's; rebuild the bundle")
 
 
 def _dig(entry: Mapping[str, Any], dotted: str) -> Any:
@@ -329,7 +364,10 @@ def check_cubin(bundle_dir: "os.PathLike[str] | str", entry: Mapping[str, Any], 
                 data: Optional[bytes] = None) -> bytes:
     """Rules C1-C6 for the cubin of ``kernels[i]`` (an entry :func:`validate_manifest`
     accepted): the file (F), its ELF structure (E1-E30), its hash, entry symbol, arch,
-    parameters and block size. Returns the cubin's bytes."""
+    parameters and block size; of a HIP entry, rules H1-H9 (:func:`.hsaco.check_hsaco`).
+    Returns the file's bytes."""
+    if is_hip_entry(entry):
+        return check_hsaco(bundle_dir, entry, i, expected_param_layout(entry), data)
     p = f"kernels[{i}]"
     if data is None:
         cpath, data = read_bundle_file(bundle_dir, entry["cubin"], CUBIN_MAX_BYTES, f"{p}.cubin")
@@ -473,23 +511,34 @@ def verify_bundle(bundle_dir: "os.PathLike[str] | str") -> Tuple[Optional[Dict[s
 # --------------------------------------------------------------------------------------------
 # Lookup
 # --------------------------------------------------------------------------------------------
-def runs_on(cubin_arch: int, device_arch: int) -> bool:
-    """A cubin for sm_XY runs on a device of the same major X and minor >= Y only."""
+def runs_on(cubin_arch: "int | str", device_arch: "int | str") -> bool:
+    """A cubin for sm_XY runs on a device of the same major X and minor >= Y only; an hsaco
+    on its own gfx arch only (``gfx942:sramecc+:xnack-`` counts as ``gfx942``)."""
+    if isinstance(cubin_arch, str) or isinstance(device_arch, str):
+        return (isinstance(cubin_arch, str) and isinstance(device_arch, str)
+                and cubin_arch == device_arch.split(":")[0])
     return cubin_arch // 10 == device_arch // 10 and device_arch % 10 >= cubin_arch % 10
 
 
-def find_kernel(manifest: Mapping[str, Any], key: str, device_arch: int) -> Dict[str, Any]:
-    """The entry of ``key`` a device of ``device_arch`` (e.g. 90) runs: same major, the highest
-    minor not above the device's. Raises ``BundleError(code="not_found")`` naming what exists."""
+def _arch_name(arch: "int | str") -> str:
+    return arch if isinstance(arch, str) else f"sm_{arch}"
+
+
+def find_kernel(manifest: Mapping[str, Any], key: str, device_arch: "int | str"
+                ) -> Dict[str, Any]:
+    """The entry of ``key`` a device of ``device_arch`` runs: an NVIDIA compute capability (e.g.
+    90: same major, the highest minor not above the device's) or an AMD gfx arch (e.g.
+    ``"gfx942"``: that arch). Raises ``BundleError(code="not_found")`` naming what exists."""
     candidates = [e for e in manifest["kernels"] if e["key"] == key]
     usable = [e for e in candidates if runs_on(e["target"]["arch"], device_arch)]
     if usable:
-        return max(usable, key=lambda e: e["target"]["arch"])
-    have = sorted({e["target"]["arch"] for e in candidates})
-    found = (f"archs {', '.join(f'sm_{a}' for a in have)}" if have else "no such key")
+        return max(usable, key=lambda e: str(e["target"]["arch"]).zfill(8))
+    have = sorted({_arch_name(e["target"]["arch"]) for e in candidates})
+    found = f"archs {', '.join(have)}" if have else "no such key"
+    want = device_arch.split(":")[0] if isinstance(device_arch, str) else device_arch
     raise BundleError("not_found", MANIFEST_NAME, f"kernels[key={key!r}]",
-                      f"a cubin that runs on sm_{device_arch}", found,
-                      f"rebuild with `luminamoon aot build --arch {device_arch}`")
+                      f"a kernel that runs on {_arch_name(want)}", found,
+                      f"rebuild with `luminamoon aot build --arch {want}`")
 
 
 # --------------------------------------------------------------------------------------------

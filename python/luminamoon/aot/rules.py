@@ -15,7 +15,7 @@ RULES: Tuple[Tuple[str, str], ...] = (
     ("missing_file", "manifest.json or a cubin the manifest names does not exist"),
     ("not_regular_file", "a FIFO, socket, device or directory, or a symbolic link that leaves "
                          "the bundle folder"),
-    ("too_large", "manifest.json over 16 MiB or a cubin over 64 MiB"),
+    ("too_large", "manifest.json over 16 MiB or a cubin (hsaco) over 64 MiB"),
     ("unreadable", "the file exists but cannot be opened or read"),
     # the manifest
     ("bad_json", "not UTF-8 JSON of the manifest profile: a byte-order mark, invalid UTF-8, "
@@ -27,12 +27,14 @@ RULES: Tuple[Tuple[str, str], ...] = (
     ("format_version", "format_version missing, below 1, or newer than the reader knows"),
     ("missing_field", "a required field is missing"),
     ("bad_value", "a field's value is outside its range or form"),
+    ("hip_target", "a HIP entry's target: backend \"hip\" below format_version 3, an arch not "
+                   "one of gfx90a, gfx942, gfx950, or a warp_size other than 64"),
     ("num_params", "num_params != len(signature) + num_trailing_scratch_ptrs, or arg_names and "
                    "signature of different lengths"),
     ("scratch", "a scratch size without its trailing pointer, or a trailing pointer count "
                 "other than the one the entry's Triton version appends"),
     ("key_mismatch", "key is not the one derived from kernel, constexprs and num_warps, or "
-                     "cubin is not <key>.sm<arch>.cubin"),
+                     "cubin is not <key>.sm<arch>.cubin (hsaco not <key>.<arch>.hsaco)"),
     ("duplicate", "the same (key, arch) twice"),
     # the cubins
     ("truncated", "a cubin empty or cut short: its header, header tables, a section or a "
@@ -40,9 +42,12 @@ RULES: Tuple[Tuple[str, str], ...] = (
     ("elf_header", "a cubin whose ELF header is not that of a CUDA ELF64 executable"),
     ("elf_section", "a cubin whose section table, string tables, symbols, relocations or "
                     ".nv.info records are malformed or out of bounds"),
+    ("hsaco_note", "an hsaco without exactly one NT_AMDGPU_METADATA note, or one whose msgpack "
+                   "is not the metadata map"),
     ("sha256", "a cubin whose SHA-256 differs from the manifest's"),
     ("no_entry_symbol", "the manifest's entry is not a global function symbol of the cubin"),
     ("arch", "the cubin's own SM arch (ELF e_flags) differs from target.arch"),
+    ("wavefront_size", "the hsaco kernel's .wavefront_size differs from target.warp_size"),
     ("param_mismatch", "the kernel's parameters in .nv.info differ from the signature plus "
                        "the trailing scratch pointers (count, sizes or layout)"),
     ("launch_shape", "the kernel's required block size (.nv.info) differs from "

@@ -13,6 +13,8 @@ from .layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, LaunchFlags
 
 __all__ = [
     "COMPILE_OPTIONS",
+    "NVIDIA_ONLY_OPTIONS",
+    "variant_options",
     "KernelSpec",
     "KERNEL_SPECS",
     "JIT_ONLY_KERNEL_SPECS",
@@ -33,6 +35,22 @@ __all__ = [
 # cancellation is many ulps of the result and moves bf16 moments by several storage ulps. The
 # separate multiply and add cost about 4 instructions an element.
 COMPILE_OPTIONS = {"enable_fp_fusion": False}
+# Options Triton's NVIDIA backend takes and its AMD backend does not (HIPOptions has no register
+# cap): left out of every compile for a HIP device, by the JIT launcher and the AOT builder alike.
+NVIDIA_ONLY_OPTIONS = ("maxnreg",)
+
+
+def variant_options(variant: "Variant", hip: bool = False) -> Dict[str, object]:
+    """The options a launch (or an ahead-of-time compile) of ``variant`` passes to Triton:
+    COMPILE_OPTIONS, num_warps, num_stages, and maxnreg where the variant sets one; for a HIP
+    device (``hip``) without the NVIDIA-only ones."""
+    options: Dict[str, object] = dict(COMPILE_OPTIONS, num_warps=variant.num_warps,
+                                      num_stages=variant.num_stages)
+    if variant.maxnreg is not None:
+        options["maxnreg"] = variant.maxnreg
+    if hip:
+        options = {k: v for k, v in options.items() if k not in NVIDIA_ONLY_OPTIONS}
+    return options
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import triton
 
-from .catalog import COMPILE_OPTIONS, Variant
+from .catalog import Variant, variant_options
 from .rounding import INTERPRET as _INTERPRET
 
 __all__ = ["launcher"]
@@ -98,10 +98,8 @@ class _Launcher:
         self.fn = variant.spec.fn
         self.cx_kwargs = variant.constexpr_dict()
         self.cx_values = tuple(v for _, v in variant.constexprs)
-        self.options = dict(COMPILE_OPTIONS, num_warps=variant.num_warps,
-                            num_stages=variant.num_stages)
-        if variant.maxnreg is not None:
-            self.options["maxnreg"] = variant.maxnreg
+        # on a ROCm build of torch the device is a HIP one: no NVIDIA-only option (maxnreg)
+        self.options = variant_options(variant, hip=torch.version.hip is not None)
         self.compiled_kernel = None  # what the JIT compiled for this variant (None: interpreter)
         self.direct = False
         # None: the device's current index (the launch runs under its device context)

@@ -2,9 +2,11 @@
 
     python tests/data/bundles/make_corpus.py --from DIR
 
-DIR is a bundle built with ``luminamoon aot build --arch 80,90,100 --dtypes fp32:fp32:fp32``; four
-of its commit variants become ``base/`` (four real cubins, about 45 KB: sm_90, sm_90, sm_80 and an
-sm_100 one with ptxas's notes, .nv.compat and the Mercury copy), and ``cases.json`` lists
+DIR is a bundle built with ``luminamoon aot build --arch 80,90,100,gfx942,gfx90a --dtypes
+fp32:fp32:fp32``; six of its commit variants become ``base/`` (four real cubins, about 45 KB:
+sm_90, sm_90, sm_80 and an sm_100 one with ptxas's notes, .nv.compat and the Mercury copy; then two
+AMD code objects, gfx942 and gfx90a, kernels[4] and kernels[5] of a format_version 3 manifest;
+hip_cases.py writes their cases), and ``cases.json`` lists
 each case as a list of operations on a copy of ``base/`` and the reason code and field both the
 C++ loader (``AotManifest::load(dir, CubinCheck::kNow)``, optimizer/luminav-triton-aot/tests/
 test_bundle_corpus.cpp) and the Python tooling (``load_bundle`` and the native module's
@@ -19,6 +21,7 @@ Operations (applied in order by tests/bundle_corpus.py and by the C++ runner):
   {"op": "patch", "file": F, "offset": N, "hex": H}            overwrite bytes at N
   {"op": "truncate", "file": F, "size": N}                      cut (or extend, sparse)
   {"op": "rehash", "file": F}                                   sha256 of F into every entry naming it
+                                                                (its "cubin" or its "hsaco")
   {"op": "copy", "from": A, "to": B}, {"op": "remove", "file": F}
   {"op": "mkfifo" | "mkdir", "file": F}, {"op": "symlink", "file": F, "target": T}
 """
@@ -35,9 +38,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "python"))
 
 from luminamoon.aot.cubin import parse_cubin  # noqa: E402
+from hip_cases import hip_cases  # noqa: E402  (this folder is on sys.path as the script's)
 
 BASE_KEYS = [("commit.f0.T1024.w4", 90), ("commit.f1.T1024.w4", 90), ("commit.f1.T1024.w4", 80),
-             ("commit.f0.T1024.w4", 100)]
+             ("commit.f0.T1024.w4", 100), ("commit.f1.T1024.w4", "gfx942"),
+             ("commit.f1.T1024.w4", "gfx90a")]
 C0 = "commit.f0.T1024.w4.sm90.cubin"  # kernels[0]'s cubin
 C1 = "commit.f1.T1024.w4.sm90.cubin"
 C2 = "commit.f1.T1024.w4.sm80.cubin"
@@ -135,7 +140,9 @@ def cases(base: str) -> list:
     # --- good bundles, both loaders accept them
     case("good-base", None, None, "", )
     case("good-format-version-1", None, None, "loaders agree", jset("/format_version", 1),
-         jdel("/table_cols"))
+         jdel("/table_cols"), jdel("/kernels/5"), jdel("/kernels/4"))
+    case("good-format-version-2-cuda-only", None, None, "loaders agree",
+         jset("/format_version", 2), jdel("/kernels/5"), jdel("/kernels/4"))
     case("good-unknown-fields", None, None, "loaders agree", jset("/comment", "ignored"),
          jset(k0 + "/note", {"nested": [1, 2]}))
     case("good-symlink-inside", None, None, "files", {"op": "copy", "from": C0, "to": "real.bin"},
@@ -230,7 +237,7 @@ def cases(base: str) -> list:
     # --- the schema (T, K)
     S = "loaders disagree with each other and with docs/bundle-format.md"
     case("format-other", "format", "format", S, jset("/format", "other-bundle"))
-    case("format-version-3", "format_version", "format_version", S, jset("/format_version", 3))
+    case("format-version-4", "format_version", "format_version", S, jset("/format_version", 4))
     case("format-version-bool", "bad_type", "format_version", S, jset("/format_version", True))
     case("table-cols-0", "bad_value", "table_cols", S, jset("/table_cols", 0))
     case("top-triton-version-empty", "bad_value", "triton_version", S, jset("/triton_version", ""))
@@ -248,7 +255,8 @@ def cases(base: str) -> list:
          jset(k0 + "/sha256", man["kernels"][0]["sha256"].upper()))
     case("cubin-with-directory", "bad_value", f"{f}.cubin", S, jset(k0 + "/cubin", "../" + C0))
     case("cubin-with-nul", "bad_value", f"{f}.cubin", S, jset(k0 + "/cubin", "a\u0000" + C0))
-    case("backend-hip", "bad_value", f"{f}.target.backend", S, jset(k0 + "/target/backend", "hip"))
+    case("backend-rocm", "bad_value", f"{f}.target.backend", S,
+         jset(k0 + "/target/backend", "rocm"))
     case("arch-9", "bad_value", f"{f}.target.arch", S, jset(k0 + "/target/arch", 9))
     case("warp-size-64", "bad_value", f"{f}.target.warp_size", S, jset(k0 + "/target/warp_size", 64))
     case("triton-version-empty", "bad_value", f"{f}.triton_version", S,
@@ -582,7 +590,7 @@ def blackwell_cases(base: str) -> list:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="src", required=True,
-                    help="a bundle built for sm_80, sm_90 and sm_100")
+                    help="a bundle built for sm_80, sm_90, sm_100, gfx942 and gfx90a")
     args = ap.parse_args()
     man = json.load(open(os.path.join(args.src, "manifest.json")))
     by = {(e["key"], e["target"]["arch"]): e for e in man["kernels"]}
@@ -591,18 +599,20 @@ def main() -> int:
     os.makedirs(base)
     kernels = [by[k] for k in BASE_KEYS]
     for e in kernels:
-        shutil.copyfile(os.path.join(args.src, e["cubin"]), os.path.join(base, e["cubin"]))
+        name = e.get("hsaco", e.get("cubin"))
+        shutil.copyfile(os.path.join(args.src, name), os.path.join(base, name))
     man["kernels"] = kernels
+    man["format_version"] = 3
     man["created_by"] = "luminamoon 0.1.0"
     with open(os.path.join(base, "manifest.json"), "w") as f:
         json.dump(man, f, indent=2)
         f.write("\n")
-    out = cases(base)
+    out = cases(base) + hip_cases(base)
     with open(os.path.join(HERE, "cases.json"), "w") as f:
         json.dump({"comment": "generated by make_corpus.py; see its docstring", "cases": out}, f,
                   indent=1)
         f.write("\n")
-    print(f"{len(out)} cases, base of {len(kernels)} cubins in {base}")
+    print(f"{len(out)} cases, base of {len(kernels)} cubins and hsacos in {base}")
     return 0
 
 

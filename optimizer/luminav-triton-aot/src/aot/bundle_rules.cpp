@@ -13,7 +13,7 @@ const BundleRuleInfo kRules[kBundleRuleCount] = {
     {BundleRule::kMissingFile, "missing_file", "manifest.json or a cubin the manifest names does not exist"},
     {BundleRule::kNotRegularFile, "not_regular_file",
      "a FIFO, socket, device or directory, or a symbolic link that leaves the bundle folder"},
-    {BundleRule::kTooLarge, "too_large", "manifest.json over 16 MiB or a cubin over 64 MiB"},
+    {BundleRule::kTooLarge, "too_large", "manifest.json over 16 MiB or a cubin (hsaco) over 64 MiB"},
     {BundleRule::kUnreadable, "unreadable", "the file exists but cannot be opened or read"},
     {BundleRule::kBadJson, "bad_json",
      "not UTF-8 JSON of the manifest profile: a byte-order mark, invalid UTF-8, a lone surrogate, a duplicate "
@@ -24,13 +24,17 @@ const BundleRuleInfo kRules[kBundleRuleCount] = {
     {BundleRule::kFormatVersion, "format_version", "format_version missing, below 1, or newer than the reader knows"},
     {BundleRule::kMissingField, "missing_field", "a required field is missing"},
     {BundleRule::kBadValue, "bad_value", "a field's value is outside its range or form"},
+    {BundleRule::kHipTarget, "hip_target",
+     "a HIP entry's target: backend \"hip\" below format_version 3, an arch not one of gfx90a, gfx942, gfx950, or "
+     "a warp_size other than 64"},
     {BundleRule::kNumParams, "num_params",
      "num_params != len(signature) + num_trailing_scratch_ptrs, or arg_names and signature of different lengths"},
     {BundleRule::kScratch, "scratch",
      "a scratch size without its trailing pointer, or a trailing pointer count other than the one the entry's "
      "Triton version appends"},
     {BundleRule::kKeyMismatch, "key_mismatch",
-     "key is not the one derived from kernel, constexprs and num_warps, or cubin is not <key>.sm<arch>.cubin"},
+     "key is not the one derived from kernel, constexprs and num_warps, or cubin is not <key>.sm<arch>.cubin (hsaco "
+     "not <key>.<arch>.hsaco)"},
     {BundleRule::kDuplicate, "duplicate", "the same (key, arch) twice"},
     {BundleRule::kTruncated, "truncated",
      "a cubin empty or cut short: its header, header tables, a section or a segment reach past the end of the "
@@ -39,9 +43,12 @@ const BundleRuleInfo kRules[kBundleRuleCount] = {
     {BundleRule::kElfSection, "elf_section",
      "a cubin whose section table, string tables, symbols, relocations or .nv.info records are malformed or out "
      "of bounds"},
+    {BundleRule::kHsacoNote, "hsaco_note",
+     "an hsaco without exactly one NT_AMDGPU_METADATA note, or one whose msgpack is not the metadata map"},
     {BundleRule::kSha256, "sha256", "a cubin whose SHA-256 differs from the manifest's"},
     {BundleRule::kNoEntrySymbol, "no_entry_symbol", "the manifest's entry is not a global function symbol of the cubin"},
     {BundleRule::kArch, "arch", "the cubin's own SM arch (ELF e_flags) differs from target.arch"},
+    {BundleRule::kWavefrontSize, "wavefront_size", "the hsaco kernel's .wavefront_size differs from target.warp_size"},
     {BundleRule::kParamMismatch, "param_mismatch",
      "the kernel's parameters in .nv.info differ from the signature plus the trailing scratch pointers (count, "
      "sizes or layout)"},

@@ -31,17 +31,20 @@ enum class BundleRule : int {
   kFormatVersion,
   kMissingField,
   kBadValue,
+  kHipTarget,
   kNumParams,
   kScratch,
   kKeyMismatch,
   kDuplicate,
-  // the cubins
+  // the code objects (cubins, hsaco files)
   kTruncated,
   kElfHeader,
   kElfSection,
+  kHsacoNote,
   kSha256,
   kNoEntrySymbol,
   kArch,
+  kWavefrontSize,
   kParamMismatch,
   kLaunchShape,
   // at load on a device (the runtime): a cubin the device cannot run, more threads or shared

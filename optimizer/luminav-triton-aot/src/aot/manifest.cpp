@@ -1,8 +1,8 @@
 // src/aot/manifest.cpp: reads and checks a bundle's manifest (format "luminamoon-aot-bundle",
-// format_version 1 and 2) and its cubins by the rule book of docs/bundle-format.md, in its order
+// format_version 1 to 3) and its code objects (cubins; hsaco files from version 3) by the rule book of docs/bundle-format.md, in its order
 // and with its reason codes (the same as python/luminamoon/aot/manifest.py), and finds a variant
-// by (key, device arch); a kernels[] entry is read by manifest_kernel.cpp, a cubin checked by
-// manifest_cubin.cpp
+// by (key, device arch); a kernels[] entry is read by manifest_kernel.cpp, a code object checked
+// by manifest_cubin.cpp (CUDA) or manifest_hsaco.cpp (HIP)
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -118,16 +118,17 @@ AotManifest AotManifest::parse(const std::string& json_text, const std::string& 
     if (!kernels.is_array()) top.fail(BundleRule::kBadType, "kernels", "an array", describe(kernels));
     if (kernels.empty()) top.fail(BundleRule::kBadValue, "kernels", "at least one kernel variant", "an empty array", kFixRebuild);
     // T8
-    std::map<std::pair<std::string, int>, std::size_t> first;
+    std::map<std::pair<std::string, std::string>, std::size_t> first;
     for (std::size_t i = 0; i < kernels.size(); ++i) {
-      KernelMetadata m = parse_kernel(kernels[i], i, manifest_path);
-      const auto id = std::make_pair(m.key, m.arch);
+      KernelMetadata m = parse_kernel(kernels[i], i, manifest_path, out.format_version_);
+      const auto id = std::make_pair(m.key, m.arch_label());
       auto [at, inserted] = first.emplace(id, i);
       if (!inserted) {
         Where(manifest_path, "", "").fail(BundleRule::kDuplicate, "kernels[" + std::to_string(i) + "]",
                                           "one entry per (key, arch)",
-                                          "a second " + show_string(m.key) + " for arch " + std::to_string(m.arch) +
-                                              " (first at kernels[" + std::to_string(at->second) + "])");
+                                          "a second " + show_string(m.key) + " for arch " +
+                                              (m.hip() ? m.gfx : std::to_string(m.arch)) + " (first at kernels[" +
+                                              std::to_string(at->second) + "])");
       }
       m.cubin_state_ = std::make_shared<KernelMetadata::Cubin>();
       m.cubin_state_->manifest_path = manifest_path;
@@ -151,7 +152,7 @@ AotManifest AotManifest::parse(const std::string& json_text, const std::string& 
     if (cubins == CubinCheck::kNow) {
       (void)m.image();
     } else {
-      m.cubin_bytes = stat_bundle_file(dir, m.cubin, kCubinMaxBytes, m.cubin_state_->prefix + ".cubin");
+      m.cubin_bytes = stat_bundle_file(dir, m.cubin, kCubinMaxBytes, m.cubin_state_->prefix + "." + m.file_field());
     }
   }
   if (cubins == CubinCheck::kNow) {
@@ -173,10 +174,31 @@ const KernelMetadata* AotManifest::find(const std::string& key, int arch_major, 
   return best;
 }
 
+const KernelMetadata* AotManifest::find_hip(const std::string& key, const std::string& gfx) const noexcept {
+  for (const KernelMetadata& m : kernels_) {
+    if (m.hip() && m.key == key && m.gfx == gfx) return &m;
+  }
+  return nullptr;
+}
+
+const KernelMetadata& AotManifest::require_hip(const std::string& key, const std::string& gfx) const {
+  if (const KernelMetadata* m = find_hip(key, gfx)) return *m;
+  std::string have;
+  for (const KernelMetadata& m : kernels_) {
+    if (m.hip() && m.key == key) have += (have.empty() ? "" : ", ") + m.gfx;
+  }
+  throw Error(Status::kNotFound, manifest_path_ + ": no kernel variant \"" + printable(key) + "\" for a HIP device of arch " +
+                                     printable(gfx) + "; " +
+                                     (have.empty() ? std::string("the bundle has no HIP variant with this key")
+                                                   : "the bundle has it for " + have +
+                                                         " (a code object runs only on the arch it was compiled for)") +
+                                     "; fix: luminamoon aot build --arch " + printable(gfx) + " --out " + dir_);
+}
+
 std::vector<int> AotManifest::archs_for(const std::string& key) const {
   std::vector<int> archs;
   for (const KernelMetadata& m : kernels_) {
-    if (m.key == key) archs.push_back(m.arch);
+    if (m.key == key && !m.hip()) archs.push_back(m.arch);
   }
   std::sort(archs.begin(), archs.end());
   return archs;

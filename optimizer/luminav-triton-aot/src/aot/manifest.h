@@ -20,7 +20,7 @@
 namespace luminav {
 
 constexpr const char* kAotBundleFormat = "luminamoon-aot-bundle";
-constexpr int kAotBundleFormatVersion = 2;  // the newest format_version this loader reads
+constexpr int kAotBundleFormatVersion = 3;  // the newest format_version this loader reads (3: HIP entries)
 // Columns of the device tables the kernels of a format_version 1 bundle read (version 2
 // manifests say it in "table_cols").
 constexpr int kAotBundleV1TableCols = 12;
@@ -36,12 +36,14 @@ struct KernelMetadata {
                        // kernel, constexprs and num_warps (derive_variant_key)
   std::string kernel;  // pass1 | reduce | pass2 | single_pass | commit
   std::string name;    // the Triton function's name
-  std::string entry;   // the .entry symbol in the cubin
-  std::string cubin;   // file name relative to the bundle folder
-  std::string sha256;  // of the cubin, 64 lowercase hex digits
-  std::string backend = "cuda";
-  int arch = 0;        // e.g. 90 for sm_90, 100 for sm_100
-  int warp_size = 32;
+  std::string entry;   // the .entry symbol in the cubin; for HIP the kernel's name (symbol "<entry>.kd")
+  std::string cubin;   // the code object's file name relative to the bundle folder: the manifest's
+                       // "cubin" for CUDA, its "hsaco" for HIP
+  std::string sha256;  // of the code object, 64 lowercase hex digits
+  std::string backend = "cuda";  // "cuda" or "hip"
+  int arch = 0;        // CUDA: e.g. 90 for sm_90, 100 for sm_100; HIP: the e_flags machine byte (0x4c)
+  std::string gfx;     // HIP: the arch name, "gfx90a", "gfx942" or "gfx950"; "" for CUDA
+  int warp_size = 32;  // 32 (CUDA), 64 (HIP)
   std::string triton_version;
   int num_warps = 0;
   int num_ctas = 1;
@@ -73,12 +75,18 @@ struct KernelMetadata {
   // True once image() has read and verified the cubin.
   bool image_verified() const noexcept;
 
+  bool hip() const { return backend == "hip"; }
+  // "sm_90" or "gfx942": the arch as messages name it.
+  std::string arch_label() const { return hip() ? gfx : "sm_" + std::to_string(arch); }
+  // The manifest field that names the code object: "cubin" or "hsaco".
+  const char* file_field() const { return hip() ? "hsaco" : "cubin"; }
+
   int arch_major() const { return arch / 10; }
   int arch_minor() const { return arch % 10; }
   // True when a device of compute capability major.minor can run this cubin: same major, and
   // a minor at least the cubin's.
   bool runs_on(int device_major, int device_minor) const {
-    return device_major == arch_major() && device_minor >= arch_minor();
+    return !hip() && device_major == arch_major() && device_minor >= arch_minor();
   }
   int block_threads() const { return num_warps * warp_size; }
   // Bytes of global (or profile) scratch a launch of this grid needs: grid_x·grid_y·grid_z·
@@ -150,7 +158,13 @@ class AotManifest {
   // As find, but throws Error(kNotFound) listing the archs the bundle has for the key (or that
   // it has no such key) and the fix: `luminamoon aot build --arch <major><minor>`.
   const KernelMetadata& require(const std::string& key, int arch_major, int arch_minor) const;
-  // The archs (e.g. 80, 90) the bundle has for `key`, ascending.
+  // The HIP variant of `key` for a device of that arch name ("gfx942"; Triton's code objects run
+  // only on the arch they were compiled for). Null when none.
+  const KernelMetadata* find_hip(const std::string& key, const std::string& gfx) const noexcept;
+  // As find_hip, but throws Error(kNotFound) naming the archs the bundle has for the key and the
+  // fix: `luminamoon aot build --arch <gfx>`.
+  const KernelMetadata& require_hip(const std::string& key, const std::string& gfx) const;
+  // The archs (e.g. 80, 90) the bundle has for `key`, ascending (CUDA entries only).
   std::vector<int> archs_for(const std::string& key) const;
   // Every distinct variant key, sorted.
   std::vector<std::string> keys() const;

@@ -18,7 +18,7 @@ namespace luminav {
 
 using namespace manifest_detail;
 
-namespace {
+namespace manifest_detail {
 
 // (offset, size) of each kernel parameter as the CUDA ABI lays them out: the signature's, then
 // one 8-byte pointer per trailing scratch parameter, each aligned to its size.
@@ -43,7 +43,7 @@ std::string layout_text(const std::vector<std::pair<std::uint32_t, std::uint32_t
   return out + "]";
 }
 
-}  // namespace
+}  // namespace manifest_detail
 
 namespace manifest_detail {
 
@@ -192,7 +192,11 @@ void check_image(const KernelMetadata& m, const std::string& manifest_path, cons
 void check_cubin_image(const KernelMetadata& m, const std::vector<unsigned char>& image) {
   const std::string manifest_path = m.cubin_state_ ? m.cubin_state_->manifest_path : std::string("manifest.json");
   const std::string place = m.cubin_state_ ? m.cubin_state_->place : "kernels[" + std::to_string(m.index) + "]";
-  check_image(m, manifest_path, place, image);
+  if (m.hip()) {
+    check_hsaco_image(m, manifest_path, place, image);
+  } else {
+    check_image(m, manifest_path, place, image);
+  }
 }
 
 const std::vector<unsigned char>& KernelMetadata::image() const {
@@ -204,8 +208,12 @@ const std::vector<unsigned char>& KernelMetadata::image() const {
   if (c.verified.load(std::memory_order_acquire)) return c.bytes;
   std::lock_guard<std::mutex> lock(c.mutex);
   if (!c.verified.load(std::memory_order_relaxed)) {
-    std::vector<unsigned char> bytes = read_bundle_file(c.dir, cubin, kCubinMaxBytes, c.prefix + ".cubin");
-    check_image(*this, c.manifest_path, c.place, bytes);
+    std::vector<unsigned char> bytes = read_bundle_file(c.dir, cubin, kCubinMaxBytes, c.prefix + "." + file_field());
+    if (hip()) {
+      check_hsaco_image(*this, c.manifest_path, c.place, bytes);
+    } else {
+      check_image(*this, c.manifest_path, c.place, bytes);
+    }
     c.bytes = std::move(bytes);
     c.verified.store(true, std::memory_order_release);
   }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -84,7 +85,20 @@ class Where {
 bool is_version(const std::string& s, int* major = nullptr, int* minor = nullptr);
 
 // Rules K0-K2 for kernels[index] (manifest_kernel.cpp).
-KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string& manifest_path);
+// `format_version`: the manifest's (HIP entries need 3 or later).
+KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string& manifest_path, int format_version);
+
+// (offset, size) of each kernel parameter as the ABI lays them out (the same on CUDA and HIP): the
+// signature's, then one 8-byte pointer per trailing scratch parameter, each aligned to its size
+// (manifest_cubin.cpp); and that list as text for messages.
+std::vector<std::pair<std::uint32_t, std::uint32_t>> param_layout(const KernelMetadata& m);
+std::string layout_text(const std::vector<std::pair<std::uint32_t, std::uint32_t>>& v);
+
+// Rules H1-H9 for an AMD code object's bytes (manifest_hsaco.cpp): the ELF structure and its
+// NT_AMDGPU_METADATA note, SHA-256, the kernel by name and its "<name>.kd" symbol, the arch in
+// e_flags, the explicit argument count and the wavefront size.
+void check_hsaco_image(const KernelMetadata& m, const std::string& manifest_path, const std::string& place,
+                       const std::vector<unsigned char>& image);
 
 // Rules C2-C6 for a cubin's bytes (manifest_cubin.cpp).
 void check_image(const KernelMetadata& m, const std::string& manifest_path, const std::string& place,

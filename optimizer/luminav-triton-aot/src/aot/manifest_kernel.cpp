@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "aot/bundle_rules.h"
+#include "aot/hsaco.h"
 #include "aot/manifest.h"
 #include "aot/manifest_internal.h"
 
@@ -112,7 +113,8 @@ bool is_version(const std::string& s, int* major, int* minor) {
   });
 }
 
-KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string& manifest_path) {
+KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string& manifest_path,
+                            int format_version) {
   const std::string prefix = "kernels[" + std::to_string(index) + "]";
   std::string place = prefix;
   // K0
@@ -131,13 +133,18 @@ KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string&
   m.kernel = w.string(k, "kernel");
   m.name = w.string(k, "name");
   m.entry = w.string(k, "entry");
-  m.cubin = w.string(k, "cubin");
+  // A HIP entry (format_version 3) names its code object in "hsaco", a CUDA one in "cubin".
+  auto target_it = k.find("target");
+  const bool hip = target_it != k.end() && target_it->is_object() && target_it->contains("backend") &&
+                   (*target_it)["backend"] == "hip";
+  m.cubin = w.string(k, hip ? "hsaco" : "cubin");
   m.sha256 = w.string(k, "sha256");
   const json& target = w.need(k, "target", "an object");
   if (!target.is_object()) w.fail(BundleRule::kBadType, "target", "an object", describe(target));
   const Where wt(manifest_path, place + ": target", prefix + ".target.");
   m.backend = wt.string(target, "backend");
-  const std::int64_t arch = wt.integer(target, "arch");
+  const std::int64_t arch = hip ? 0 : wt.integer(target, "arch");
+  if (hip) m.gfx = wt.string(target, "arch");
   const std::int64_t warp_size = wt.integer(target, "warp_size");
   m.triton_version = w.string(k, "triton_version");
   const std::int64_t num_warps = w.integer(k, "num_warps");
@@ -181,16 +188,30 @@ KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string&
   }
   if (!is_lower_hex64(m.sha256)) w.fail(BundleRule::kBadValue, "sha256", "64 lowercase hex digits", show_string(m.sha256));
   if (!is_file_name(m.cubin)) {
-    w.fail(BundleRule::kBadValue, "cubin",
+    w.fail(BundleRule::kBadValue, m.file_field(),
            "a file name inside the bundle folder (no path separators, no directories; letters, digits, '.', '_', "
            "'-'; at most 255 bytes)",
            show_string(m.cubin));
   }
-  if (m.backend != "cuda") w.fail(BundleRule::kBadValue, "target.backend", "\"cuda\"", show_string(m.backend));
-  w.range("target.arch", arch, 10, 999);
-  m.arch = static_cast<int>(arch);
-  if (warp_size != 32) w.fail(BundleRule::kBadValue, "target.warp_size", "32", std::to_string(warp_size));
-  m.warp_size = 32;
+  if (m.backend != "cuda" && !hip) {
+    w.fail(BundleRule::kBadValue, "target.backend", "\"cuda\" or \"hip\"", show_string(m.backend));
+  }
+  if (hip) {
+    if (format_version < 3) {
+      w.fail(BundleRule::kHipTarget, "target.backend", "\"cuda\" (HIP entries need format_version 3 or later)",
+             "\"hip\" in a format_version " + std::to_string(format_version) + " manifest", kFixRebuild);
+    }
+    m.arch = static_cast<int>(hsaco::arch_mach(m.gfx));
+    if (m.arch == 0) {
+      w.fail(BundleRule::kHipTarget, "target.arch", std::string("one of ") + hsaco::known_archs(), show_string(m.gfx));
+    }
+    if (warp_size != 64) w.fail(BundleRule::kHipTarget, "target.warp_size", "64", std::to_string(warp_size));
+  } else {
+    w.range("target.arch", arch, 10, 999);
+    m.arch = static_cast<int>(arch);
+    if (warp_size != 32) w.fail(BundleRule::kBadValue, "target.warp_size", "32", std::to_string(warp_size));
+  }
+  m.warp_size = hip ? 64 : 32;
   if (!is_version(m.triton_version)) {
     w.fail(BundleRule::kBadValue, "triton_version", "a version such as \"3.6.0\"", show_string(m.triton_version));
   }
@@ -256,10 +277,10 @@ KernelMetadata parse_kernel(const json& k, std::size_t index, const std::string&
     w.fail(BundleRule::kKeyMismatch, "key", show_string(derived) + " (derived from kernel, constexprs and num_warps)",
            show_string(m.key), "the key does not name this variant; rebuild the bundle");
   }
-  const std::string want_cubin = m.key + ".sm" + std::to_string(m.arch) + ".cubin";
+  const std::string want_cubin = hip ? m.key + "." + m.gfx + ".hsaco" : m.key + ".sm" + std::to_string(m.arch) + ".cubin";
   if (m.cubin != want_cubin) {
-    w.fail(BundleRule::kKeyMismatch, "cubin", show_string(want_cubin), show_string(m.cubin),
-           "the cubin file is not this variant's; rebuild the bundle");
+    w.fail(BundleRule::kKeyMismatch, m.file_field(), show_string(want_cubin), show_string(m.cubin),
+           std::string("the ") + (hip ? "code object" : "cubin") + " file is not this variant's; rebuild the bundle");
   }
   return m;
 }

@@ -1,7 +1,17 @@
 /* include/luminav/luminav.h: the C API of the LuminaMoon native engine
  *
  * A TDCLM optimizer (docs/tdclm.md) over tensors the caller owns, described by raw pointers,
- * dtypes and element counts, stepped on CPU threads or on a CUDA device through an AOT bundle.
+ * dtypes and element counts, stepped on CPU threads, or through an AOT bundle on a CUDA device or
+ * an AMD one (HIP).
+ *
+ * HIP (LV_DEVICE_HIP): the same engine and launch path as CUDA over the HIP runtime
+ * (libamdhip64.so, loaded at run time). The caller names the device's arch
+ * (lv_optimizer_options.arch, e.g. torch.cuda.get_device_properties(i).gcnArchName on a ROCm
+ * torch); streams are hipStream_t. What HIP lacks here: graph replay (every step launches its
+ * kernels; CUDA replays from the second step of a layout as a CUDA graph) and the capture query
+ * (every HIP step zeroes its own step flags with one more memset, so a step the caller captures
+ * into a hipGraph stays correct). No AMD GPU has run these kernels yet: what is tested is what
+ * loads and what would be launched.
  *
  * Conventions
  * - Every function returns an lv_status; LV_STATUS_OK (0) is success. On failure,
@@ -15,7 +25,7 @@
  * - Calls on one optimizer are serialised by the library (a per-optimizer lock).
  * What remains undefined: pointers to tensor storage that do not point to the stated number of
  * elements of the stated dtype on the stated device, or whose storage is freed while the
- * optimizer still uses it; CUDA streams that do not belong to the optimizer's device.
+ * optimizer still uses it; CUDA (HIP) streams that do not belong to the optimizer's device.
  */
 #ifndef LUMINAV_LUMINAV_H_
 #define LUMINAV_LUMINAV_H_
@@ -41,7 +51,7 @@ typedef enum lv_status {
   LV_STATUS_OK = 0,
   LV_STATUS_INVALID_ARGUMENT = 1, /* a value is out of range, null, or inconsistent */
   LV_STATUS_BUNDLE_ERROR = 2,     /* the AOT bundle is missing, corrupt or incompatible */
-  LV_STATUS_DRIVER_ERROR = 3,     /* no CUDA driver, or a driver call failed */
+  LV_STATUS_DRIVER_ERROR = 3,     /* no CUDA driver (HIP runtime), or a driver call failed */
   LV_STATUS_NOT_FOUND = 4,        /* a kernel variant, device or file does not exist */
   LV_STATUS_STATE_ERROR = 5,      /* e.g. a destroyed handle */
   LV_STATUS_NON_FINITE = 6,       /* nonfinite=raise met a non-finite gradient; nothing changed */
@@ -49,7 +59,7 @@ typedef enum lv_status {
 } lv_status;
 
 typedef enum lv_dtype { LV_DTYPE_FLOAT32 = 0, LV_DTYPE_BFLOAT16 = 1, LV_DTYPE_FLOAT16 = 2 } lv_dtype;
-typedef enum lv_device_type { LV_DEVICE_CPU = 0, LV_DEVICE_CUDA = 1 } lv_device_type;
+typedef enum lv_device_type { LV_DEVICE_CPU = 0, LV_DEVICE_CUDA = 1, LV_DEVICE_HIP = 2 } lv_device_type;
 typedef enum lv_bound_mode { LV_BOUND_NONE = 0, LV_BOUND_ABS = 1, LV_BOUND_REL = 2 } lv_bound_mode;
 typedef enum lv_nonfinite { LV_NONFINITE_SKIP = 0, LV_NONFINITE_RAISE = 1, LV_NONFINITE_PROPAGATE = 2 } lv_nonfinite;
 
@@ -59,10 +69,14 @@ typedef struct lv_optimizer lv_optimizer; /* opaque */
 typedef struct lv_optimizer_options {
   uint32_t struct_size;   /* sizeof(lv_optimizer_options), set by lv_optimizer_options_init */
   int32_t device;         /* lv_device_type */
-  int32_t device_index;   /* CUDA device ordinal */
+  int32_t device_index;   /* CUDA (HIP) device ordinal */
   int32_t num_threads;    /* CPU worker threads; 0 = one per hardware thread */
   uint64_t seed;          /* base seed of the stochastic-rounding streams */
-  const char* bundle_dir; /* borrowed during lv_optimizer_create; CUDA only: the AOT bundle folder */
+  const char* bundle_dir; /* borrowed during lv_optimizer_create; CUDA and HIP: the AOT bundle folder */
+  /* Added after bundle_dir (a caller whose struct_size ends at bundle_dir is still accepted; it
+   * cannot ask for HIP). */
+  const char* arch;       /* borrowed during lv_optimizer_create; HIP only: the device's arch,
+                             "gfx942" or its gcnArchName "gfx942:sramecc+:xnack-" */
 } lv_optimizer_options;
 
 /* Hyperparameters of one param group (docs/tdclm.md). Fill with lv_hyperparams_init first. */
@@ -108,6 +122,8 @@ LV_API const char* lv_last_error(void);
 LV_API const char* lv_status_string(lv_status status);
 /* 1 when a CUDA driver can be loaded, else 0. Never fails. */
 LV_API int lv_cuda_driver_available(void);
+/* 1 when a HIP runtime (libamdhip64.so) can be loaded, else 0. Never fails. */
+LV_API int lv_hip_runtime_available(void);
 
 /* Defaults. `options`/`hyper`/`desc`: out, must not be null. */
 LV_API lv_status lv_optimizer_options_init(lv_optimizer_options* options);
@@ -115,8 +131,9 @@ LV_API lv_status lv_hyperparams_init(lv_hyperparams* hyper);
 LV_API lv_status lv_param_desc_init(lv_param_desc* desc);
 
 /* options: borrowed during the call. out: out, receives a new handle the caller owns and
- * releases with lv_optimizer_destroy. CUDA without a driver gives LV_STATUS_DRIVER_ERROR, a bad
- * bundle LV_STATUS_BUNDLE_ERROR / LV_STATUS_NOT_FOUND; *out is then untouched. */
+ * releases with lv_optimizer_destroy. CUDA without a driver (HIP without a HIP runtime) gives
+ * LV_STATUS_DRIVER_ERROR, a bad bundle LV_STATUS_BUNDLE_ERROR / LV_STATUS_NOT_FOUND, HIP without
+ * an arch LV_STATUS_INVALID_ARGUMENT; *out is then untouched. */
 LV_API lv_status lv_optimizer_create(const lv_optimizer_options* options, lv_optimizer** out);
 /* Releases the optimizer and the state it allocated (never borrowed storage). Destroying a
  * destroyed handle gives LV_STATUS_STATE_ERROR; null gives LV_STATUS_INVALID_ARGUMENT. */
@@ -134,9 +151,12 @@ LV_API lv_status lv_optimizer_set_lr(lv_optimizer* opt, size_t group, double lr)
 LV_API lv_status lv_optimizer_get_lr(const lv_optimizer* opt, size_t group, double* out_lr);
 
 /* One step over every group. stream: borrowed during the call; the CUstream to launch on (CUDA;
- * null = the legacy default stream), ignored on CPU. On CUDA the step is asynchronous on the
- * stream and, after the first step, allocates nothing and does not synchronise (graph
- * capturable), except with nonfinite=raise, which reads the flag on the host. */
+ * null = the legacy default stream) or the hipStream_t (HIP; null = the null stream), ignored
+ * on CPU. On CUDA and HIP the step is asynchronous on the stream and, after the first step,
+ * allocates nothing and does not synchronise (graph capturable), except with nonfinite=raise,
+ * which reads the flag on the host. A kernel a step cannot load or launch gives
+ * LV_STATUS_DRIVER_ERROR (or the bundle's status) naming the kernel; a step that fails before
+ * its first launch changes nothing. */
 LV_API lv_status lv_optimizer_step(lv_optimizer* opt, void* stream);
 
 /* out_*: out. May synchronise the device. */

@@ -52,6 +52,7 @@ struct Hyperparams {
 struct OptimizerOptions {
   lv_optimizer_options c;
   std::string bundle;  // kept alive for lv_optimizer_create
+  std::string arch;    // kept alive for lv_optimizer_create (HIP)
   OptimizerOptions() { throw_if_error(lv_optimizer_options_init(&c)); }
   OptimizerOptions& threads(int n) { c.num_threads = n; return *this; }
   OptimizerOptions& with_seed(std::uint64_t s) { c.seed = s; return *this; }
@@ -59,6 +60,14 @@ struct OptimizerOptions {
     c.device = LV_DEVICE_CUDA;
     c.device_index = device_index;
     bundle = std::move(bundle_dir);
+    return *this;
+  }
+  // An AMD device: `arch` as lv_optimizer_options.arch ("gfx942" or the gcnArchName).
+  OptimizerOptions& hip(int device_index, std::string bundle_dir, std::string device_arch) {
+    c.device = LV_DEVICE_HIP;
+    c.device_index = device_index;
+    bundle = std::move(bundle_dir);
+    arch = std::move(device_arch);
     return *this;
   }
 };
@@ -92,6 +101,7 @@ class Optimizer {
     (void)version_ok;
     lv_optimizer_options o = options.c;
     o.bundle_dir = options.bundle.empty() ? options.c.bundle_dir : options.bundle.c_str();
+    o.arch = options.arch.empty() ? options.c.arch : options.arch.c_str();
     throw_if_error(lv_optimizer_create(&o, &handle_));
   }
   ~Optimizer() {

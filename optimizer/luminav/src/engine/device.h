@@ -1,9 +1,9 @@
 // src/engine/device.h: the engine's device interface: where its memory lives and how a step runs
 // there (the role of ggml's ggml_backend_i)
 //
-// CpuDevice (cpu_device.cpp) runs the passes of cpu_kernels.cpp on a thread pool; CudaDevice
-// (cuda_device.cpp) launches the AOT bundle's kernels with device tables laid out as
-// docs/internals.md says.
+// CpuDevice (cpu_device.cpp) runs the passes of cpu_kernels.cpp on a thread pool; GpuDevice
+// (gpu_device.cpp) launches the AOT bundle's kernels with device tables laid out as
+// docs/internals.md says, on CUDA or HIP through one vendor interface (gpu_driver.h).
 #pragma once
 
 #include <cstddef>
@@ -60,6 +60,10 @@ std::unique_ptr<Device> make_cpu_device(int num_threads);
 // for a LUMINAV_CUDA_GRAPH other than 0 or 1). `cuda_graph`: replay steps as CUDA graphs where
 // the driver and LUMINAV_CUDA_GRAPH allow it.
 std::unique_ptr<Device> make_cuda_device(int device_index, const std::string& bundle_dir, bool cuda_graph = true);
+// The same GPU device on HIP device `device_index` of arch `arch` (gpu_driver.h); its steps are
+// always eager. Throws kDriverError (no HIP runtime), kNotFound (device, variant),
+// kBundleError, kInvalidArgument (no arch).
+std::unique_ptr<Device> make_hip_device(int device_index, const std::string& bundle_dir, const std::string& arch);
 
 // The message of a refused 'raise' step.
 std::string nonfinite_message(const LaunchGroup& group, std::size_t row);

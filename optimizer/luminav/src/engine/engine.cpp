@@ -2,7 +2,7 @@
 // launch groups of a step and the order of its work
 //
 // The per-element work is in cpu_kernels.cpp (CPU, through cpu_device.cpp) and the AOT
-// bundle's kernels (CUDA, cuda_device.cpp); state export and import are in state_io.cpp.
+// bundle's kernels (CUDA or HIP, gpu_device.cpp); state export and import are in state_io.cpp.
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -129,9 +129,19 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
                   "`luminamoon aot build --arch <major><minor>`");
     }
     impl_->device = engine_detail::make_cuda_device(options.device_index, options.bundle_dir, options.cuda_graph);
+  } else if (options.device == DeviceType::kHip) {
+    if (options.device_index < 0) {
+      throw Error(Status::kInvalidArgument, "device_index must be >= 0, got " + std::to_string(options.device_index));
+    }
+    if (options.bundle_dir.empty()) {
+      throw Error(Status::kInvalidArgument,
+                  "the HIP device needs an AOT bundle: set bundle_dir to a folder built with "
+                  "`luminamoon aot build --arch <gfx arch>`, e.g. --arch gfx942");
+    }
+    impl_->device = engine_detail::make_hip_device(options.device_index, options.bundle_dir, options.arch);
   } else {
-    throw Error(Status::kInvalidArgument,
-                "device must be 0 (cpu) or 1 (cuda), got " + std::to_string(static_cast<int>(options.device)));
+    throw Error(Status::kInvalidArgument, "device must be 0 (cpu), 1 (cuda) or 2 (hip), got " +
+                                              std::to_string(static_cast<int>(options.device)));
   }
 }
 

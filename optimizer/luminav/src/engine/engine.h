@@ -2,7 +2,7 @@
 // constants) and the optimizer object, Engine
 //
 // A full TDCLM step (docs/tdclm.md) over tensors described by raw pointers, on CPU threads or,
-// through an AOT bundle, on a CUDA device. The launch layout follows docs/internals.md exactly;
+// through an AOT bundle, on a CUDA or HIP (AMD) device. The launch layout follows docs/internals.md exactly;
 // the CPU path (engine/cpu_kernels.h) uses the same per-element operations in the same order.
 //
 // This is the library's internal C++ interface (exceptions: luminav::Error). Programs use the
@@ -23,7 +23,7 @@ namespace luminav {
 enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 enum class BoundMode : int { kNone = 0, kAbs = 1, kRel = 2 };
 enum class NonFinite : int { kSkip = 0, kRaise = 1, kPropagate = 2 };
-enum class DeviceType : int { kCpu = 0, kCuda = 1 };
+enum class DeviceType : int { kCpu = 0, kCuda = 1, kHip = 2 };
 
 // Every value of each enum, in code order (the contract constants of the bindings list them).
 constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
@@ -99,7 +99,8 @@ struct EngineOptions {
   int device_index = 0;
   int num_threads = 0;        // CPU worker threads; 0 = hardware_concurrency
   std::uint64_t seed = 0;     // base seed of the rounding streams
-  std::string bundle_dir;     // CUDA: the AOT bundle (manifest.json + cubins)
+  std::string bundle_dir;     // CUDA and HIP: the AOT bundle (manifest.json + cubins / hsaco)
+  std::string arch;           // HIP: the device's arch, "gfx942" or gcnArchName "gfx942:sramecc+:xnack-"
   // CUDA: from the second step of a layout on, replay the step's launches as one CUDA graph
   // (one cuGraphLaunch per step). Off here, or with the environment variable
   // LUMINAV_CUDA_GRAPH=0, every step launches its kernels one by one.

@@ -149,11 +149,33 @@ void cpu_step(const std::vector<CpuStepItem>& items, std::uintptr_t skip_flag, s
 
 namespace {
 
-void require_address(CUdeviceptr address, const char* name, const char* why) {
-  if (address == 0) invalid(std::string("AotGroup: the ") + name + " address is 0" + why);
+void require_address(const char* who, CUdeviceptr address, const char* name, const char* why) {
+  if (address == 0) invalid(std::string(who) + ": the " + name + " address is 0" + why);
 }
 
 }  // namespace
+
+void check_group_buffers(const char* who, bool has_pass1, CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks,
+                         CUdeviceptr partial_sum, CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr,
+                         std::int32_t ntensors, CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
+  if (nblocks < 0 || nblocks > 0x7FFFFFFF) {
+    invalid(std::string(who) + ": nblocks must be in [0, 2^31-1] (a grid's x), got " + std::to_string(nblocks));
+  }
+  if (ntensors < 0) invalid(std::string(who) + ": ntensors must be >= 0, got " + std::to_string(ntensors));
+  require_address(who, found_inf, "found_inf", "");
+  require_address(who, reduce_flag, "reduce_flag", "");
+  if (ntensors > 0) require_address(who, table, "table", " but ntensors > 0");
+  if (nblocks > 0) {
+    require_address(who, block_map, "block_map", " but nblocks > 0");
+    require_address(who, lr, "lr", " but nblocks > 0");
+  }
+  if (has_pass1) {
+    const char* why = " but the group runs pass 1";
+    if (nblocks > 0) require_address(who, partial_sum, "partial_sum", why);
+    if (nblocks > 0) require_address(who, partial_bad, "partial_bad", why);
+    if (ntensors > 0) require_address(who, stats, "stats", why);
+  }
+}
 
 AotGroup::AotGroup(const std::string& bundle_dir, int device, const GroupConfig& cfg)
     : kernels_(gpu::runtime_for_bundle(bundle_dir), device, cfg) {}
@@ -161,23 +183,8 @@ AotGroup::AotGroup(const std::string& bundle_dir, int device, const GroupConfig&
 void AotGroup::bind(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr partial_sum,
                     CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr, std::int32_t ntensors,
                     CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
-  if (nblocks < 0 || nblocks > 0x7FFFFFFF) {
-    invalid("AotGroup: nblocks must be in [0, 2^31-1] (a grid's x), got " + std::to_string(nblocks));
-  }
-  if (ntensors < 0) invalid("AotGroup: ntensors must be >= 0, got " + std::to_string(ntensors));
-  require_address(found_inf, "found_inf", "");
-  require_address(reduce_flag, "reduce_flag", "");
-  if (ntensors > 0) require_address(table, "table", " but ntensors > 0");
-  if (nblocks > 0) {
-    require_address(block_map, "block_map", " but nblocks > 0");
-    require_address(lr, "lr", " but nblocks > 0");
-  }
-  if (has_pass1()) {
-    const char* why = " but the group runs pass 1";
-    if (nblocks > 0) require_address(partial_sum, "partial_sum", why);
-    if (nblocks > 0) require_address(partial_bad, "partial_bad", why);
-    if (ntensors > 0) require_address(stats, "stats", why);
-  }
+  check_group_buffers("AotGroup", has_pass1(), table, block_map, nblocks, partial_sum, partial_bad, stats, lr, ntensors,
+                      found_inf, reduce_flag);
   gpu::GroupBuffers b;
   b.table = table;
   b.block_map = block_map;
@@ -193,14 +200,14 @@ void AotGroup::bind(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nbloc
 
 void AotGroup::set_flags(CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
   gpu::BoundGroupLaunches& l = launches("set_flags", false);
-  require_address(found_inf, "found_inf", "");
-  require_address(reduce_flag, "reduce_flag", "");
+  require_address("AotGroup", found_inf, "found_inf", "");
+  require_address("AotGroup", reduce_flag, "reduce_flag", "");
   l.set_flags(found_inf, reduce_flag);
 }
 
 void AotGroup::set_lr(CUdeviceptr lr) {
   gpu::BoundGroupLaunches& l = launches("set_lr", false);
-  require_address(lr, "lr", "");
+  require_address("AotGroup", lr, "lr", "");
   l.set_lr(lr);
 }
 

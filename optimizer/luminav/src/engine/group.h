@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "aot/hip_runtime.h"
 #include "aot/runtime.h"
 #include "engine/cpu_kernels.h"
 #include "engine/engine.h"
@@ -138,6 +139,62 @@ class AotGroup {
 
   gpu::GroupKernels kernels_;
   std::unique_ptr<gpu::BoundGroupLaunches> launches_;
+};
+
+// AotGroup::bind's checks of a group's buffers (and HipAotGroup's): throws Error(kInvalidArgument)
+// "<who>: ..." for a count out of range or an address 0 that a launch would read.
+void check_group_buffers(const char* who, bool has_pass1, CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks,
+                         CUdeviceptr partial_sum, CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr,
+                         std::int32_t ntensors, CUdeviceptr found_inf, CUdeviceptr reduce_flag);
+
+// One HIP runtime per (bundle folder, base arch), shared by every HipAotGroup of the process and
+// the engine's HIP device; the manifest is read on first use (throws as AotManifest::load).
+std::shared_ptr<HipRuntime> hip_runtime_for_bundle(const std::string& dir, const std::string& arch);
+
+// The same launch group on an AMD device (HIP): the bundle's HIP entries for `arch` ("gfx942",
+// or ROCm's gcnArchName "gfx942:sramecc+:xnack-"), loaded on HIP device `device` through the HIP
+// table (aot/hip_runtime.h), bound and launched exactly as AotGroup's: the same argument lists
+// (engine/group_args.h), the same checks, the same errors; streams are hipStream_t.
+class HipAotGroup {
+ public:
+  // Throws Error(kNotFound) for a variant the bundle lacks for `arch`, kBundleError for a bad
+  // bundle (or tables of another column count), kDriverError without a HIP runtime.
+  HipAotGroup(const std::string& bundle_dir, int device, const std::string& arch, const GroupConfig& cfg);
+  ~HipAotGroup();
+
+  void bind(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr partial_sum,
+            CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr, std::int32_t ntensors, CUdeviceptr found_inf,
+            CUdeviceptr reduce_flag);
+  // bind() with the buffers of a GroupBuffers, whose commit advances b.commit_rows table rows
+  // (>= b.ntensors; the engine's applied-step counter is one more row). Throws as bind() does,
+  // and kInternal for commit_rows < ntensors.
+  void bind_buffers(const gpu::GroupBuffers& b, CUdeviceptr found_inf, CUdeviceptr reduce_flag);
+  void set_flags(CUdeviceptr found_inf, CUdeviceptr reduce_flag);
+  void set_lr(CUdeviceptr lr);
+  // The seed of pass 1 and pass 2 (the group's config keeps its own).
+  void set_seed(std::uint64_t seed);
+  void pass1(hipStream_t stream);
+  void reduce(hipStream_t stream);
+  void update(hipStream_t stream);
+  void commit(hipStream_t stream);
+
+  const GroupConfig& config() const { return cfg_; }
+  bool bound() const { return launches_ != nullptr; }
+  bool has_pass1() const { return cfg_.needs_pass1(); }
+  const HipRuntime& runtime() const { return *rt_; }
+
+ private:
+  struct Launches;
+  Launches& launches(const char* what, bool pass1_kernel);
+
+  std::shared_ptr<HipRuntime> rt_;
+  int device_;
+  GroupConfig cfg_;
+  const HipLoadedKernel* pass1_ = nullptr;
+  const HipLoadedKernel* reduce_ = nullptr;
+  const HipLoadedKernel* update_ = nullptr;
+  const HipLoadedKernel* commit_ = nullptr;
+  std::unique_ptr<Launches> launches_;
 };
 
 }  // namespace luminav

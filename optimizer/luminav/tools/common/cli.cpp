@@ -74,7 +74,7 @@ void print_header(const AotManifest& m) {
             << "-column tables), created by "
             << (m.created_by().empty() ? "(unknown)" : m.created_by()) << ", Triton "
             << (m.triton_version().empty() ? "(unknown)" : m.triton_version()) << ", " << m.kernels().size()
-            << " variants (" << m.keys().size() << " keys), " << human_bytes(bytes) << " of cubins\n";
+            << " variants (" << m.keys().size() << " keys), " << human_bytes(bytes) << " of code objects\n";
 }
 
 EngineOptions engine_options(DeviceType device, int device_index, int threads, std::uint64_t seed,

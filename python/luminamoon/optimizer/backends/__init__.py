@@ -100,7 +100,15 @@ def _try_instance(name: str) -> Optional[Backend]:
         return None
 
 
+def is_rocm() -> bool:
+    """A ROCm build of torch (``torch.version.hip`` set): its ``torch.cuda`` devices are AMD GPUs
+    driven through HIP."""
+    return getattr(torch.version, "hip", None) is not None
+
+
 def _auto_name(device: torch.device) -> str:
+    # On a ROCm build of torch a "cuda" device is a HIP device; Triton compiles the same kernels
+    # for it (GPUTarget("hip", <gfx arch>, 64)), so it takes the Triton kernels as CUDA does.
     if device.type in ("cuda", "xpu"):
         return "triton"
     if device.type == "cpu":
@@ -111,7 +119,8 @@ def _auto_name(device: torch.device) -> str:
 def get_backend(name: str, device, *, aot_bundle=None) -> Backend:
     """The backend called ``name`` for tensors on ``device``.
 
-    ``"auto"`` picks Triton on CUDA/XPU and the native CPU engine on CPU when they load,
+    ``"auto"`` picks Triton on CUDA/XPU (a ROCm torch's HIP devices included) and the native
+    CPU engine on CPU when they load,
     else the reference backend (always on MPS and other devices).
     """
     if name not in BACKEND_NAMES:

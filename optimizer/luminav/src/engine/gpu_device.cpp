@@ -1,11 +1,13 @@
-// src/engine/cuda_device.cpp: the engine's CUDA device: the AOT bundle's kernels launched on the
-// caller's stream, eagerly or replayed as a CUDA graph
+// src/engine/gpu_device.cpp: the engine's GPU device, one for both vendors: the AOT bundle's
+// kernels launched on the caller's stream, eagerly or (CUDA) replayed as a CUDA graph
 //
-// Per launch group, built before the first step after the group's rows change (cuMemAlloc +
-// cuMemcpyHtoD): the table, the block map, partial sums/flags, stats, the group's lr as a
-// device float32 written with cuMemsetD32Async only when its bits change, and its launches with
-// every argument bound once (gpu::BoundGroupLaunches). Device-wide: the applied-step counter and
-// the step flags (below).
+// Every driver call goes through the vendor interface of engine/gpu_driver.h (CUDA:
+// cuda_gpu_driver.cpp; HIP: hip_gpu_driver.cpp); the driver calls named below are CUDA's, HIP's
+// are their hip* twins. Per launch group, built before the first step after the group's rows
+// change (cuMemAlloc + cuMemcpyHtoD): the table, the block map, partial sums/flags, stats, the
+// group's lr as a device float32 written with cuMemsetD32Async only when its bits change, and
+// its launches with every argument bound once (GpuGroupLaunches). Device-wide: the
+// applied-step counter and the step flags (below).
 //
 // The skipped-step count needs no launch of its own and no host sync: the table of the first
 // group that skips on non-finite gradients has one extra row, NUMEL 0, whose STEP column points
@@ -39,6 +41,10 @@
 // caller's stream is being captured, when the driver table lacks the graph calls, when
 // EngineOptions::cuda_graph or LUMINAV_CUDA_GRAPH=0 turns graphs off, and after a recording
 // the driver refused.
+//
+// HIP: no graph replay (the HIP table has no capture or graph calls), and no capture query: every
+// step zeroes a flag pair of its own, as a step under capture does, so a step the caller
+// captures with hipStreamBeginCapture replays correctly.
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -46,10 +52,9 @@
 #include <string>
 #include <vector>
 
-#include "aot/runtime.h"
 #include "engine/device.h"
+#include "engine/gpu_driver.h"
 #include "engine/group_launch.h"
-#include "luminav/cuda_driver.h"
 
 namespace luminav {
 namespace engine_detail {
@@ -77,16 +82,14 @@ struct GroupCache {
     launches.reset();
     for (CUdeviceptr p : buffers) device->release(hptr(p));
   }
-  std::unique_ptr<gpu::GroupKernels> kernels;
   gpu::GroupBuffers buf;
-  std::unique_ptr<gpu::BoundGroupLaunches> launches;
+  std::unique_ptr<GpuGroupLaunches> launches;  // the group's kernels, loaded and bound
   bool counts_applied = false;  // the table's last row is the engine's applied-step counter
   std::uint32_t lr_bits = 0;
   bool lr_written = false;
   std::vector<std::int32_t> host_block_map;  // for naming the offending tensor under 'raise'
   // nonfinite='raise': pass 1 as a skipping group runs it, to find a non-finite gradient.
-  std::unique_ptr<gpu::GroupKernels> probe_kernels;
-  std::unique_ptr<gpu::BoundGroupLaunches> probe;
+  std::unique_ptr<GpuGroupLaunches> probe;
 };
 
 constexpr std::size_t kNoGroup = std::numeric_limits<std::size_t>::max();
@@ -108,93 +111,75 @@ bool graphs_allowed_by_environment() {
                                             "or unset it");
 }
 
-class CudaDevice final : public Device {
+class GpuDevice final : public Device {
  public:
-  CudaDevice(int device_index, const std::string& bundle_dir, bool cuda_graph)
-      : api_(cuda_driver()), rt_(gpu::runtime_for_bundle(bundle_dir)), index_(device_index) {
-    graphs_ = cuda_graph && graphs_allowed_by_environment() && api_.cuStreamCreate && api_.cuStreamDestroy &&
-              api_.cuStreamBeginCapture && api_.cuStreamEndCapture && api_.cuStreamIsCapturing &&
-              api_.cuGraphInstantiateWithFlags && api_.cuGraphLaunch && api_.cuGraphDestroy &&
-              api_.cuGraphExecDestroy;
-    const DeviceInfo info = rt_->device_info(device_index);  // throws kNotFound for a bad ordinal
-    (void)info;
-    CUdevice dev = 0;
-    check(api_, api_.cuDeviceGet(&dev, device_index), "cuDeviceGet", "device " + std::to_string(device_index));
-    check(api_, api_.cuDevicePrimaryCtxRetain(&ctx_, dev), "cuDevicePrimaryCtxRetain");
-    dev_ = dev;
-    try {
-      // [applied-step counter][capture flag pair][graph flag pair][ring of kFlagSlots flag
-      // pairs], zeroed.
-      flags_ = dptr(alloc(kCounterBytes + 2 * kFlagPairBytes + kFlagSlots * kFlagPairBytes));
-      applied_ = flags_;
-      capture_pair_ = flags_ + kCounterBytes;
-      graph_pair_ = capture_pair_ + kFlagPairBytes;
-      ring_ = graph_pair_ + kFlagPairBytes;
-    } catch (...) {
-      api_.cuDevicePrimaryCtxRelease(dev_);
-      throw;
-    }
+  GpuDevice(std::unique_ptr<GpuDriver> driver, bool cuda_graph) : drv_(std::move(driver)) {
+    graphs_ = cuda_graph && drv_->graphs_available() && graphs_allowed_by_environment();
+    // [applied-step counter][capture flag pair][graph flag pair][ring of kFlagSlots flag
+    // pairs], zeroed.
+    flags_ = dptr(alloc(kCounterBytes + 2 * kFlagPairBytes + kFlagSlots * kFlagPairBytes));
+    applied_ = flags_;
+    capture_pair_ = flags_ + kCounterBytes;
+    graph_pair_ = capture_pair_ + kFlagPairBytes;
+    ring_ = graph_pair_ + kFlagPairBytes;
   }
-  ~CudaDevice() override {
+  ~GpuDevice() override {
     try {
-      ScopedContext scope(api_, ctx_);
-      api_.cuCtxSynchronize();
+      GpuScope scope(*drv_);
+      drv_->synchronize_quietly();
       drop_graph();
-      if (capture_stream_) api_.cuStreamDestroy(capture_stream_);
-      api_.cuMemFree(flags_);
+      drv_->free(flags_);
     } catch (...) {
     }
-    api_.cuDevicePrimaryCtxRelease(dev_);
   }
 
-  DeviceType type() const override { return DeviceType::kCuda; }
+  DeviceType type() const override { return drv_->type(); }
 
   void* alloc(std::size_t bytes) override {
-    ScopedContext scope(api_, ctx_);
-    CUdeviceptr p = 0;
-    check(api_, api_.cuMemAlloc(&p, bytes), "cuMemAlloc", std::to_string(bytes) + " bytes on device " + std::to_string(index_));
-    CUresult r = api_.cuMemsetD8Async(p, 0, bytes, nullptr);
-    if (r == CUDA_SUCCESS) r = api_.cuCtxSynchronize();
-    if (r != CUDA_SUCCESS) {
-      api_.cuMemFree(p);
-      check(api_, r, "cuMemsetD8Async", "zeroing a new allocation");
+    GpuScope scope(*drv_);
+    const CUdeviceptr p = drv_->malloc(bytes);
+    try {
+      drv_->memset8_async(p, 0, bytes, nullptr, "zeroing a new allocation");
+      drv_->synchronize("zeroing a new allocation");
+    } catch (...) {
+      drv_->free(p);
+      throw;
     }
     return hptr(p);
   }
   void release(void* p) noexcept override {
     if (!p) return;
     try {
-      ScopedContext scope(api_, ctx_);
-      api_.cuCtxSynchronize();
-      api_.cuMemFree(dptr(p));
+      GpuScope scope(*drv_);
+      drv_->synchronize_quietly();
+      drv_->free(dptr(p));
     } catch (...) {
     }
   }
   void to_host(void* dst, const void* src, std::size_t bytes) override {
-    ScopedContext scope(api_, ctx_);
-    check(api_, api_.cuCtxSynchronize(), "cuCtxSynchronize", "before reading device memory");
-    check(api_, api_.cuMemcpyDtoH(dst, dptr(src), bytes), "cuMemcpyDtoH");
+    GpuScope scope(*drv_);
+    drv_->synchronize("before reading device memory");
+    drv_->copy_to_host(dst, dptr(src), bytes);
   }
   void from_host(void* dst, const void* src, std::size_t bytes) override {
-    ScopedContext scope(api_, ctx_);
-    check(api_, api_.cuCtxSynchronize(), "cuCtxSynchronize", "before writing device memory");
-    check(api_, api_.cuMemcpyHtoD(dptr(dst), src, bytes), "cuMemcpyHtoD");
-    check(api_, api_.cuCtxSynchronize(), "cuCtxSynchronize", "after writing device memory");
+    GpuScope scope(*drv_);
+    drv_->synchronize("before writing device memory");
+    drv_->copy_to_device(dptr(dst), src, bytes, "");
+    drv_->synchronize("after writing device memory");
   }
   void copy(void* dst, const void* src, std::size_t bytes, void* stream) override {
-    ScopedContext scope(api_, ctx_);
-    check(api_, api_.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, static_cast<CUstream>(stream)), "cuMemcpyDtoDAsync");
+    GpuScope scope(*drv_);
+    drv_->copy_async(dptr(dst), dptr(src), bytes, stream);
   }
 
   void prepare(std::vector<LaunchGroup>& groups) override {
     if (caches_ready(groups)) return;  // the usual case: no driver call
-    ScopedContext scope(api_, ctx_);
+    GpuScope scope(*drv_);
     prepare_caches(groups);
   }
 
-  void check_nonfinite(std::vector<LaunchGroup>& groups, void* stream_ptr) override {
-    ScopedContext scope(api_, ctx_);
-    const auto stream = static_cast<CUstream>(stream_ptr);
+  void check_nonfinite(std::vector<LaunchGroup>& groups, void* stream) override {
+    GpuScope scope(*drv_);
     prepare_caches(groups);
     for (auto& g : groups) {
       if (g.cfg.hyper.nonfinite != NonFinite::kRaise || g.rows.empty()) continue;
@@ -204,25 +189,24 @@ class CudaDevice final : public Device {
       if (!c.probe) {
         GroupConfig probe = g.cfg;
         probe.hyper.nonfinite = NonFinite::kSkip;  // the variants a checking group runs
-        c.probe_kernels = std::make_unique<gpu::GroupKernels>(rt_, index_, probe);
-        c.probe = std::make_unique<gpu::BoundGroupLaunches>(*c.probe_kernels, c.buf, ring_, ring_ + kFlagBytes);
+        c.probe = drv_->load_group(probe);
+        c.probe->bind(c.buf, ring_, ring_ + kFlagBytes);
       }
       c.probe->set_seed(g.cfg.seed);
       c.probe->pass1(stream);
-      check(api_, api_.cuStreamSynchronize(stream), "cuStreamSynchronize", "nonfinite='raise' reads the flag on the host");
+      drv_->stream_synchronize(stream, "nonfinite='raise' reads the flag on the host");
       std::vector<std::int32_t> bad(static_cast<std::size_t>(c.buf.nblocks));
-      if (!bad.empty()) check(api_, api_.cuMemcpyDtoH(bad.data(), c.buf.partial_bad, bad.size() * 4), "cuMemcpyDtoH");
+      if (!bad.empty()) drv_->copy_to_host(bad.data(), c.buf.partial_bad, bad.size() * 4);
       for (std::size_t b = 0; b < bad.size(); ++b) {
         if (bad[b]) throw Error(Status::kNonFinite, nonfinite_message(g, static_cast<std::size_t>(c.host_block_map[b])));
       }
     }
   }
 
-  void step(std::vector<LaunchGroup>& groups, void* stream_ptr) override {
-    ScopedContext scope(api_, ctx_);
-    const auto stream = static_cast<CUstream>(stream_ptr);
+  void step(std::vector<LaunchGroup>& groups, void* stream) override {
+    GpuScope scope(*drv_);
     const bool any_check = prepare_caches(groups) != kNoGroup;  // first step after a change: allocates, loads
-    const bool capturing = may_be_capturing(stream);
+    const bool capturing = drv_->may_be_capturing(stream);
 
     if (graphs_ && !capturing && !groups.empty()) {
       if (exec_ && !same_layout(groups, graph_layout_)) drop_graph();
@@ -230,7 +214,7 @@ class CudaDevice final : public Device {
       if (!exec_ && same_layout(groups, eager_layout_)) record_graph(groups);
       if (exec_) {
         for (auto& g : groups) write_lr(g, stream);
-        check(api_, api_.cuGraphLaunch(exec_, stream), "cuGraphLaunch", "the step's graph");
+        drv_->graph_launch(exec_, stream);
         if (any_check) ++checked_steps_;
         return;
       }
@@ -239,13 +223,11 @@ class CudaDevice final : public Device {
     // This step's flag pair (see the top of the file).
     CUdeviceptr pair = 0;
     if (capturing) {
-      check(api_, api_.cuMemsetD32Async(capture_pair_, 0, kFlagPairBytes / 4, stream), "cuMemsetD32Async",
-            "the step's flags");
+      drv_->memset32_async(capture_pair_, 0, kFlagPairBytes / 4, stream, "the step's flags");
       pair = capture_pair_;
     } else {
       if (ring_next_ == 0) {
-        check(api_, api_.cuMemsetD32Async(ring_, 0, kFlagSlots * kFlagPairBytes / 4, stream), "cuMemsetD32Async",
-              "the step flags' ring");
+        drv_->memset32_async(ring_, 0, kFlagSlots * kFlagPairBytes / 4, stream, "the step flags' ring");
       }
       pair = ring_ + ring_next_ * kFlagPairBytes;
       ring_next_ = (ring_next_ + 1) % kFlagSlots;
@@ -268,27 +250,20 @@ class CudaDevice final : public Device {
   }
 
  private:
-  // False only when the driver says the stream is not being captured.
-  bool may_be_capturing(CUstream stream) const {
-    if (api_.cuStreamIsCapturing == nullptr) return true;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    return api_.cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
-  }
-
   // The group's lr as a device float32: a memset on `stream` only when its bits changed.
-  void write_lr(LaunchGroup& g, CUstream stream) {
+  void write_lr(LaunchGroup& g, void* stream) {
     GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
     std::uint32_t bits;
     std::memcpy(&bits, &g.lr, 4);
     if (c.lr_written && bits == c.lr_bits) return;
-    check(api_, api_.cuMemsetD32Async(c.buf.lr, bits, 1, stream), "cuMemsetD32Async", "lr");
+    drv_->memset32_async(c.buf.lr, bits, 1, stream, "lr");
     c.lr_bits = bits;
     c.lr_written = true;
   }
 
   // The launches of a step on `stream`, every group's flags at `pair` (zeroed before them in
   // stream order): pass 1 and reduce where needed, pass 2, commit.
-  void enqueue(std::vector<LaunchGroup>& groups, CUdeviceptr pair, CUstream stream) {
+  void enqueue(std::vector<LaunchGroup>& groups, CUdeviceptr pair, void* stream) {
     const CUdeviceptr found_inf = pair, other_flag = pair + kFlagBytes;
     for (auto& g : groups) {
       GroupCache& c = *static_cast<GroupCache*>(g.cache.get());
@@ -319,7 +294,7 @@ class CudaDevice final : public Device {
   }
 
   void drop_graph() noexcept {
-    if (exec_) api_.cuGraphExecDestroy(exec_);
+    if (exec_) drv_->graph_destroy(exec_);
     exec_ = nullptr;
     graph_layout_.clear();
   }
@@ -328,31 +303,20 @@ class CudaDevice final : public Device {
   // runs there). Where the driver refuses any part, graphs stay off for this device and the
   // step runs eagerly; a launch that cannot be enqueued then reports its own error.
   void record_graph(std::vector<LaunchGroup>& groups) {
-    if (!capture_stream_ && api_.cuStreamCreate(&capture_stream_, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-      capture_stream_ = nullptr;
-      graphs_ = false;
-      return;
-    }
-    // Relaxed: a first launch of a kernel with scratch memory may allocate it while captured.
-    if (api_.cuStreamBeginCapture(capture_stream_, CU_STREAM_CAPTURE_MODE_RELAXED) != CUDA_SUCCESS) {
+    void* stream = drv_->begin_capture();
+    if (stream == nullptr) {
       graphs_ = false;
       return;
     }
     bool enqueued = true;
     try {
-      check(api_, api_.cuMemsetD32Async(graph_pair_, 0, kFlagPairBytes / 4, capture_stream_), "cuMemsetD32Async",
-            "the graph's flags");
-      enqueue(groups, graph_pair_, capture_stream_);
+      drv_->memset32_async(graph_pair_, 0, kFlagPairBytes / 4, stream, "the graph's flags");
+      enqueue(groups, graph_pair_, stream);
     } catch (...) {
       enqueued = false;
     }
-    CUgraph graph = nullptr;
-    CUresult r = api_.cuStreamEndCapture(capture_stream_, &graph);
-    CUgraphExec exec = nullptr;
-    if (enqueued && r == CUDA_SUCCESS && graph != nullptr) r = api_.cuGraphInstantiateWithFlags(&exec, graph, 0);
-    if (graph != nullptr) api_.cuGraphDestroy(graph);
-    if (!enqueued || r != CUDA_SUCCESS || exec == nullptr) {
-      if (exec != nullptr) api_.cuGraphExecDestroy(exec);
+    void* exec = drv_->end_capture(stream, enqueued);
+    if (exec == nullptr) {
       graphs_ = false;
       return;
     }
@@ -392,7 +356,7 @@ class CudaDevice final : public Device {
     c->device = this;
     c->id = ++next_cache_id_;
     // Loads (and verifies) every kernel the group runs before anything is allocated.
-    c->kernels = std::make_unique<gpu::GroupKernels>(rt_, index_, g.cfg);
+    c->launches = drv_->load_group(g.cfg);
     const std::size_t n = g.rows.size();
     if (n + 1 > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
       throw Error(Status::kInvalidArgument, "a launch group of " + std::to_string(n) +
@@ -424,34 +388,38 @@ class CudaDevice final : public Device {
     b.nblocks = t.nblocks;
     b.ntensors = static_cast<std::int32_t>(n);
     b.commit_rows = static_cast<std::int32_t>(n + (counts_applied ? 1 : 0));
-    if (!t.table.empty()) check(api_, api_.cuMemcpyHtoD(b.table, t.table.data(), t.table.size() * 8), "cuMemcpyHtoD", "table");
-    if (nb) check(api_, api_.cuMemcpyHtoD(b.block_map, t.block_map.data(), nb * 4), "cuMemcpyHtoD", "block_map");
-    c->launches = std::make_unique<gpu::BoundGroupLaunches>(*c->kernels, b, ring_, ring_ + kFlagBytes);
+    if (!t.table.empty()) drv_->copy_to_device(b.table, t.table.data(), t.table.size() * 8, "table");
+    if (nb) drv_->copy_to_device(b.block_map, t.block_map.data(), nb * 4, "block_map");
+    c->launches->bind(b, ring_, ring_ + kFlagBytes);
     return c;
   }
 
-  const CudaDriverApi& api_;
-  std::shared_ptr<AotRuntime> rt_;
-  int index_;
-  CUdevice dev_ = 0;
-  CUcontext ctx_ = nullptr;
+  std::unique_ptr<GpuDriver> drv_;
   CUdeviceptr flags_ = 0, applied_ = 0, capture_pair_ = 0, graph_pair_ = 0, ring_ = 0;
   std::size_t ring_next_ = 0;  // the ring's next unused pair; 0: the ring is zeroed first
   std::int64_t checked_steps_ = 0;
   std::uint64_t next_cache_id_ = 0;
   // Graph replay (see the top of the file).
   bool graphs_ = false;
-  CUstream capture_stream_ = nullptr;  // private, only ever captured
-  CUgraphExec exec_ = nullptr;
+  void* exec_ = nullptr;  // the vendor's executable graph
   std::vector<LayoutEntry> graph_layout_;  // what exec_ replays
   std::vector<LayoutEntry> eager_layout_;  // the layout of the last eager step
 };
 
 }  // namespace
 
+void GpuDriver::graph_launch(void* exec, void* stream) {
+  (void)exec;
+  (void)stream;
+  throw Error(Status::kInternal, "graph_launch on a driver without graphs");
+}
+
 std::unique_ptr<Device> make_cuda_device(int device_index, const std::string& bundle_dir, bool cuda_graph) {
-  (void)cuda_driver();  // throws kDriverError with the dlerror when there is no driver
-  return std::make_unique<CudaDevice>(device_index, bundle_dir, cuda_graph);
+  return std::make_unique<GpuDevice>(make_cuda_gpu_driver(device_index, bundle_dir), cuda_graph);
+}
+
+std::unique_ptr<Device> make_hip_device(int device_index, const std::string& bundle_dir, const std::string& arch) {
+  return std::make_unique<GpuDevice>(make_hip_gpu_driver(device_index, bundle_dir, arch), false);
 }
 
 }  // namespace engine_detail
