@@ -1,6 +1,8 @@
 """optimizer/backends/aot.py: the ``aot`` backend, the Triton kernels of an AOT bundle
-(``luminamoon aot build``) launched by the C++ runtime on the current CUDA stream; bitwise equal
-to the ``triton`` backend.
+(``luminamoon aot build``) launched by the C++ runtime on the current stream: through the CUDA
+driver on NVIDIA GPUs, through HIP on AMD GPUs (a ROCm build of torch, whose ``cuda`` devices
+are HIP devices: the bundle's hsaco code objects for the device's gfx arch); bitwise equal to
+the ``triton`` backend on the same device.
 
 Per LaunchGroup it keeps the table state of backends/_tables.py (the device table and buffers,
 the invalidation key, the gradient column, the lr slot) and the engine's ``AotGroup``, whose
@@ -32,10 +34,12 @@ class _AotState(TableState):
     def __init__(self, group: LaunchGroup, bundle_dir: str) -> None:
         super().__init__(group, "aot", align=_luminav.ALIGN_BYTES, block=_luminav.GPU_BLOCK)
         device = group.device
-        self.kernels = _luminav.AotGroup(bundle_dir,
-                                         device.index if device.index is not None
-                                         else torch.cuda.current_device(),
-                                         group_config(group))
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if torch.version.hip:  # the same launches through HIP, for the device's gfx arch
+            arch = torch.cuda.get_device_properties(index).gcnArchName
+            self.kernels = _luminav.HipAotGroup(bundle_dir, index, arch, group_config(group))
+        else:
+            self.kernels = _luminav.AotGroup(bundle_dir, index, group_config(group))
         self.lr_bound = 0  # the lr address pass 2 is bound to; 0: the launches are not bound yet
 
     def launches(self, found_inf: torch.Tensor, device: torch.device):
@@ -72,16 +76,19 @@ class AotBackend(Backend):
         if not os.path.isfile(manifest):
             raise FileNotFoundError(
                 f"aot backend: {manifest} does not exist; build a bundle with "
-                "`luminamoon aot build --arch <major><minor> --out DIR` and pass aot_bundle=DIR")
+                "`luminamoon aot build --arch <major><minor> --out DIR` (an AMD GPU: --arch "
+                "<gfx arch>, e.g. gfx942) and pass aot_bundle=DIR")
 
     def supports(self, group: LaunchGroup) -> bool:
         return (group.device.type == "cuda" and group.param_dtype in DTYPE_CODES
                 and group.grad_dtype in DTYPE_CODES and group.state_dtype in _STATES
-                and _luminav.has_cuda_driver())
+                and (_luminav.has_hip_runtime() if torch.version.hip
+                     else _luminav.has_cuda_driver()))
 
     def _build(self, group: LaunchGroup) -> _AotState:
         if group.device.type != "cuda":
-            raise ValueError(f"aot backend: the group is on {group.device}; it runs CUDA tensors only")
+            raise ValueError(f"aot backend: the group is on {group.device}; it runs CUDA (or ROCm) "
+                             "tensors only")
         return _AotState(group, self.bundle_dir)
 
     def _state(self, group: LaunchGroup) -> _AotState:
