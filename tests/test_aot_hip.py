@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import requires_compiled_triton
+from conftest import import_or_skip, requires_compiled_triton, skip_because
 
-triton_mod = pytest.importorskip("triton")
-msgpack = pytest.importorskip("msgpack")
+triton_mod = import_or_skip("triton")
+msgpack = import_or_skip("msgpack")
 
-from luminamoon.aot import builder, cli, compat, hsaco, manifest as mf  # noqa: E402
+from luminamoon.aot import builder, cli, compat, manifest as mf  # noqa: E402
 
 pytestmark = [pytest.mark.triton, *requires_compiled_triton]
 MACH = {"gfx90a": 0x3F, "gfx942": 0x4C, "gfx950": 0x4F}
@@ -126,7 +126,7 @@ def _one_of_each_kernel():
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     if LINK_PROBLEM:
-        pytest.skip(LINK_PROBLEM)
+        skip_because("no hip linker", LINK_PROBLEM)
     out = tmp_path_factory.mktemp("mixed")
     man = builder.build_bundle(out, archs=("gfx942", 90), variants=_one_of_each_kernel(),
                                jobs=2, progress=False)
@@ -191,7 +191,7 @@ def test_hsaco_is_the_jit_kernel_without_buffer_ops(mixed, monkeypatch):
 
     amd = getattr(getattr(triton_mod, "knobs", None), "amd", None)
     if amd is None or not hasattr(amd, "use_buffer_ops"):
-        pytest.skip("this Triton has no AMD buffer-op knob")
+        skip_because("no buffer-op knob")
     monkeypatch.setattr(amd, "use_buffer_ops", False)
     out, man = mixed
     by_key = {v.key(): v for v in _one_of_each_kernel()}
@@ -430,7 +430,7 @@ def test_every_variant_compiles_for_gfx942_and_gfx90a(tmp_path):
     from luminamoon.kernels import catalog
 
     if LINK_PROBLEM:
-        pytest.skip(LINK_PROBLEM)
+        skip_because("no hip linker", LINK_PROBLEM)
     variants = catalog.all_variants()
     t0 = time.monotonic()
     man = builder.build_bundle(tmp_path, archs=("gfx942", "gfx90a"), variants=variants,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
 import torch
+
+from conftest import import_or_skip
 
 from luminamoon import cli
 from luminamoon.optimizer import backends
@@ -22,7 +23,7 @@ def test_auto_takes_the_triton_kernels_on_a_hip_device(monkeypatch):
 
 
 def test_variant_options_leave_out_nvidia_only_options():
-    catalog = pytest.importorskip("luminamoon.kernels.catalog")
+    catalog = import_or_skip("luminamoon.kernels.catalog", "triton")
     v = catalog.all_variants([(torch.float32,) * 3])[0]
     capped = catalog.Variant(v.kernel, v.constexprs, v.num_warps, v.num_stages, maxnreg=96)
     assert catalog.variant_options(capped)["maxnreg"] == 96
