@@ -404,7 +404,26 @@ class _GradHooks:
             self._reset()
 
 
-class InBackward:
+class _OptimizerFace:
+    """What the step inside backward and the offload show of their LuminaMoon (``optimizer``):
+    its param groups, state and skipped-step counter, as a torch optimizer would."""
+
+    optimizer: LuminaMoon
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def skipped_steps(self) -> torch.Tensor:
+        return self.optimizer.skipped_steps
+
+
+class InBackward(_OptimizerFace):
     """A LuminaMoon stepped inside backward (see :func:`step_in_backward`).
 
     ``optimizer`` is the LuminaMoon it drives (its param groups, state and lr are the ones the
@@ -449,19 +468,7 @@ class InBackward:
             raise
         tell_scheduler(self.optimizer)
 
-    # the optimizer's face
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @property
-    def skipped_steps(self) -> torch.Tensor:
-        return self.optimizer.skipped_steps
-
+    # the optimizer's face (param_groups, state, skipped_steps: _OptimizerFace)
     @property
     def accumulate_steps(self) -> int:
         return self._hooks.accumulate_steps

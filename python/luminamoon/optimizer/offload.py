@@ -35,8 +35,8 @@ import torch
 
 from ._dtensor import is_dtensor
 from .backends import get_backend
-from .in_backward import (DEFAULT_BUCKET_BYTES, BucketStepper, _GradHooks, _params_of,
-                          tell_scheduler)
+from .in_backward import (DEFAULT_BUCKET_BYTES, BucketStepper, _GradHooks, _OptimizerFace,
+                          _params_of, tell_scheduler)
 from .optimizer import LuminaMoon
 
 __all__ = ["CpuOffload", "offload"]
@@ -81,7 +81,7 @@ def host_buffers(specs, pin: bool) -> List[torch.Tensor]:
     return out
 
 
-class CpuOffload:
+class CpuOffload(_OptimizerFace):
     """LuminaMoon with its state in host memory (see :func:`offload`).
 
     ``optimizer`` is the host LuminaMoon (lr schedulers drive it; its state dict is the
@@ -314,20 +314,8 @@ class CpuOffload:
             self._pool.shutdown()
 
     # ---------------------------------------------------------------------------------
-    # the optimizer's face, state dict
+    # the optimizer's face (param_groups, state, skipped_steps: _OptimizerFace), state dict
     # ---------------------------------------------------------------------------------
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @property
-    def skipped_steps(self) -> torch.Tensor:
-        return self.optimizer.skipped_steps
-
     def accumulate(self):
         """Context: backward passes inside only accumulate (on the device); the first outside
         steps."""

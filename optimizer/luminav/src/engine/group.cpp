@@ -185,16 +185,8 @@ void AotGroup::bind(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nbloc
                     CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
   check_group_buffers("AotGroup", has_pass1(), table, block_map, nblocks, partial_sum, partial_bad, stats, lr, ntensors,
                       found_inf, reduce_flag);
-  gpu::GroupBuffers b;
-  b.table = table;
-  b.block_map = block_map;
-  b.partial_sum = partial_sum;
-  b.partial_bad = partial_bad;
-  b.stats = stats;
-  b.lr = lr;
-  b.nblocks = nblocks;
-  b.ntensors = ntensors;
-  b.commit_rows = ntensors;
+  const gpu::GroupBuffers b =
+      gpu::group_buffers(table, block_map, nblocks, partial_sum, partial_bad, stats, lr, ntensors);
   launches_ = std::make_unique<gpu::BoundGroupLaunches>(kernels_, b, found_inf, reduce_flag);
 }
 

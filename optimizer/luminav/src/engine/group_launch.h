@@ -97,6 +97,24 @@ struct GroupBuffers {
   std::int32_t commit_rows = 0;  // table rows whose STEP counter commit advances (>= ntensors)
 };
 
+// The buffers of a group whose commit advances exactly its own rows (the launch groups Python's
+// aot backend drives: AotGroup, HipAotGroup).
+inline GroupBuffers group_buffers(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks,
+                                  CUdeviceptr partial_sum, CUdeviceptr partial_bad, CUdeviceptr stats,
+                                  CUdeviceptr lr, std::int32_t ntensors) {
+  GroupBuffers b;
+  b.table = table;
+  b.block_map = block_map;
+  b.partial_sum = partial_sum;
+  b.partial_bad = partial_bad;
+  b.stats = stats;
+  b.lr = lr;
+  b.nblocks = nblocks;
+  b.ntensors = ntensors;
+  b.commit_rows = ntensors;
+  return b;
+}
+
 // Every launch of one group over fixed buffers, its arguments bound once (KernelLaunch): a step
 // only stores the flag addresses (and the seed when it changed) and launches. The kernels'
 // context must be current around the launches (one ScopedContext per step).

@@ -67,16 +67,8 @@ HipAotGroup::~HipAotGroup() = default;
 void HipAotGroup::bind(CUdeviceptr table, CUdeviceptr block_map, std::int64_t nblocks, CUdeviceptr partial_sum,
                        CUdeviceptr partial_bad, CUdeviceptr stats, CUdeviceptr lr, std::int32_t ntensors,
                        CUdeviceptr found_inf, CUdeviceptr reduce_flag) {
-  gpu::GroupBuffers b;
-  b.table = table;
-  b.block_map = block_map;
-  b.partial_sum = partial_sum;
-  b.partial_bad = partial_bad;
-  b.stats = stats;
-  b.lr = lr;
-  b.nblocks = nblocks;
-  b.ntensors = ntensors;
-  b.commit_rows = ntensors;
+  const gpu::GroupBuffers b =
+      gpu::group_buffers(table, block_map, nblocks, partial_sum, partial_bad, stats, lr, ntensors);
   bind_buffers(b, found_inf, reduce_flag);
 }
 
