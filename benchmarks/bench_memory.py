@@ -33,9 +33,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
-
-import luminamoon  # noqa: E402
+try:  # the installed package (with its compiled engine, which offload steps with), else this
+    import luminamoon  # tree's sources
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+    import luminamoon  # noqa: E402
 from luminamoon import LuminaMoon  # noqa: E402
 
 GiB = 2**30
