@@ -87,8 +87,11 @@ def _bundle_report(rows, native) -> dict:
     files = [os.path.join(path, code_object_file(e)) for e in manifest["kernels"]]
     size = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
     rows.append(("  archs", ", ".join(_arch_names(keys)) or "none"))
-    rows.append(("  variants", f"{len(every)} per arch, {len(manifest['kernels'])} cubins and "
-                               f"hsacos, {size / 2**20:.1f} MiB"))
+    hsacos = sum(1 for e in manifest["kernels"] if "hsaco" in e)
+    cubins = len(manifest["kernels"]) - hsacos
+    objects = ", ".join(f"{n} {what}" for n, what in ((cubins, "cubins"), (hsacos, "hsacos"))
+                        if n) or "0 code objects"
+    rows.append(("  variants", f"{len(every)} per arch, {objects}, {size / 2**20:.1f} MiB"))
     rows.append(("  manifest", f"format {manifest['format']} v{manifest['format_version']}, "
                                f"{manifest['created_by']}, Triton {manifest['triton_version']}"))
     incomplete = [a for a in keys if keys[a] != every]
@@ -99,8 +102,8 @@ def _bundle_report(rows, native) -> dict:
         # The runtime's own loader, every cubin now: ELF checks and its SHA-256 against the manifest.
         try:
             native.load_manifest(path)
-            rows.append(("  verified", f"all {len(manifest['kernels'])} code objects: SHA-256 as "
-                                       "recorded, whole ELF images (the C++ loader)"))
+            rows.append(("  verified", f"all {objects}: SHA-256 as recorded, whole ELF images "
+                                       "(the C++ loader)"))
         except (RuntimeError, ValueError, LookupError) as exc:
             rows.append(("  verified", f"REFUSED by the C++ loader: {exc}"))
             out["problem"] = out["problem"] or str(exc)
@@ -112,9 +115,8 @@ def _bundle_report(rows, native) -> dict:
             rows.append(("  verified", f"{len(problems)} problem(s), first: {problems[0]}"))
             out["problem"] = out["problem"] or str(problems[0])
         else:
-            rows.append(("  verified", f"all {len(manifest['kernels'])} code objects: SHA-256, "
-                                       "ELF and ABI (Python's checker; the native module is not "
-                                       "built)"))
+            rows.append(("  verified", f"all {objects}: SHA-256, ELF and ABI (Python's checker; "
+                                       "the native module is not built)"))
     return out
 
 
