@@ -199,6 +199,14 @@ def _should_skip(need: str) -> "str | None":
 
         found = hasattr(operator, "call") and hasattr(signal, "SIGINT") and os.name == "posix"
         return None if found else "needs Python >= 3.11 (operator.call) and POSIX signals"
+    # 5b. the torch whose error wording LuminaMoon's shared errors carry (the pinned torch,
+    #     Makefile TORCH_SPEC): other releases word some of them otherwise (torch 2.4: "Adam
+    #     does not support sparse gradients", a RuntimeError for a tensor lr of two elements,
+    #     no named parameters)
+    if need == "torch 2.13 wording":
+        ok = torch.__version__.startswith("2.13.")
+        return None if ok else (f"LuminaMoon's errors carry torch 2.13's wording; torch "
+                                f"{torch.__version__} words some of them otherwise")
     # 6. programs and the documentation's tools
     if need == "git":
         return None if shutil.which("git") else "git is needed to copy the checkout"

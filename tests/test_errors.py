@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from conftest import needs
 from luminamoon import LuminaMoon, tdclm
 from luminamoon.optimizer.backends import BackendUnavailableError, get_backend
 
@@ -181,6 +182,7 @@ SHARED_WITH_TORCH = [
 ]
 
 
+@needs("torch 2.13 wording")
 @pytest.mark.parametrize("make", [c[1] for c in SHARED_WITH_TORCH], ids=[c[0] for c in SHARED_WITH_TORCH])
 def test_errors_shared_with_torch_carry_torchs_wording(make):
     kind, message = _torch_error(make)
