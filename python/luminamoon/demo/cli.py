@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def default_aot_bundle(device_type: str = "cuda") -> Optional[str]:
-    """$LUMINAMOON_AOT_BUNDLE, else ./bundle (where the README's build command writes one), else,
+    """$LUMINAMOON_AOT_BUNDLE, else ./bundle (where docs/aot.md's build command writes one), else,
     on CUDA, the bundle this installation ships (a wheel built with its default bundle)."""
     from ..aot.default import ENV_VAR, packaged_bundle_dir
 
