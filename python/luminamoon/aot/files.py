@@ -11,9 +11,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Tuple
+from typing import Any, Mapping, Optional, Tuple
 
-from .rules import BundleError
+from .rules import CUBIN_MAX_BYTES, BundleError
 
 _FIX = "rebuild the bundle (luminamoon aot build) or copy it again"
 
@@ -99,3 +99,19 @@ def _check_mode(st: os.stat_result, path: str, field: str, limit: int) -> None:
     if st.st_size > limit:
         raise BundleError("too_large", path, field, f"at most {limit} bytes",
                           f"{st.st_size} bytes", _FIX)
+
+
+def read_code_object(bundle_dir: "os.PathLike[str] | str", entry: Mapping[str, Any], i: int,
+                     field: str, what: str, data: Optional[bytes] = None) -> Tuple[str, bytes]:
+    """The path and bytes of ``kernels[i]``'s code object (``field``: "cubin" or "hsaco"),
+    read by the file rules unless ``data`` is given; an empty file is refused (``what`` names
+    the kind the rule expected, e.g. "a cubin")."""
+    p = f"kernels[{i}].{field}"
+    if data is None:
+        path, data = read_bundle_file(bundle_dir, entry[field], CUBIN_MAX_BYTES, p)
+    else:
+        path = os.path.join(os.fspath(bundle_dir), entry[field])
+    if not data:
+        raise BundleError("truncated", path, p, what, "an empty file",
+                          "rebuild the bundle (luminamoon aot build)")
+    return path, data

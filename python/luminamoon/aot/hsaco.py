@@ -19,8 +19,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .files import read_bundle_file
-from .rules import CUBIN_MAX_BYTES, BundleError
+from .files import read_code_object
+from .rules import BundleError
 
 # target.arch -> EF_AMDGPU_MACH (e_flags & 0xff), the archs a HIP entry may name
 GFX_MACH: Dict[str, int] = {"gfx90a": 0x3F, "gfx942": 0x4C, "gfx950": 0x4F}
@@ -275,13 +275,7 @@ def check_hsaco(bundle_dir: "os.PathLike[str] | str", entry: Mapping[str, Any], 
     """Rules H1-H9 for the hsaco of ``kernels[i]``; ``layout`` is the (offset, size) of each
     parameter the manifest's signature and trailing pointers give. Returns the bytes."""
     p = f"kernels[{i}]"
-    if data is None:
-        hpath, data = read_bundle_file(bundle_dir, entry["hsaco"], CUBIN_MAX_BYTES, f"{p}.hsaco")
-    else:
-        hpath = os.path.join(os.fspath(bundle_dir), entry["hsaco"])
-    if not data:
-        raise BundleError("truncated", hpath, f"{p}.hsaco", "an AMDGPU code object",
-                          "an empty file", _FIX_REBUILD)
+    hpath, data = read_code_object(bundle_dir, entry, i, "hsaco", "an AMDGPU code object", data)
     try:
         info = parse_hsaco(data)
     except HsacoError as exc:

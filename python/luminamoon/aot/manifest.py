@@ -19,10 +19,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from ..kernels.keys import KEY_CONSTEXPRS, variant_key as derive_key  # the one writer
 from . import compat
 from .cubin import CubinError, parse_cubin
-from .files import read_bundle_file
+from .files import read_bundle_file, read_code_object
 from .hsaco import HIP_ARCHS, HIP_WARP_SIZE, check_hsaco
 from .manifest_json import parse_manifest_bytes
-from .rules import (CODES, CUBIN_MAX_BYTES, MANIFEST_MAX_BYTES, NAME_MAX_BYTES,
+from .rules import (CODES, MANIFEST_MAX_BYTES, NAME_MAX_BYTES,
                     RULES, BundleError)
 
 __all__ = ["BundleError", "CODES", "RULES", "FORMAT", "FORMAT_VERSION", "check_cubin",
@@ -369,13 +369,7 @@ def check_cubin(bundle_dir: "os.PathLike[str] | str", entry: Mapping[str, Any], 
     if is_hip_entry(entry):
         return check_hsaco(bundle_dir, entry, i, expected_param_layout(entry), data)
     p = f"kernels[{i}]"
-    if data is None:
-        cpath, data = read_bundle_file(bundle_dir, entry["cubin"], CUBIN_MAX_BYTES, f"{p}.cubin")
-    else:
-        cpath = os.path.join(os.fspath(bundle_dir), entry["cubin"])
-    if not data:
-        raise BundleError("truncated", cpath, f"{p}.cubin", "a cubin", "an empty file",
-                          _FIX_REBUILD)
+    cpath, data = read_code_object(bundle_dir, entry, i, "cubin", "a cubin", data)
     try:
         info = parse_cubin(data)
     except CubinError as exc:
