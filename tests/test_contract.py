@@ -50,7 +50,8 @@ def test_table_columns_and_alignment():
     assert _luminav.TABLE_COLS == _luminav.GPU_TABLE_COLS == layout.TABLE_COLS
     for name in ("COL_PARAM", "COL_GRAD", "COL_EXP_AVG", "COL_EXP_AVG_SQ", "COL_P_INIT",
                  "COL_STEP", "COL_NUMEL", "COL_BLOCK_START", "COL_ELEM_OFFSET",
-                 "COL_PARAM_INDEX", "COL_GLOBAL_NUMEL", "COL_CACHE"):
+                 "COL_PARAM_INDEX", "COL_GLOBAL_NUMEL", "COL_CACHE", "COL_EXP_AVG_SCALE",
+                 "COL_EXP_AVG_SQ_SCALE", "COL_ROW_LEN"):
         assert getattr(_luminav, name) == getattr(layout, name), name
     assert _luminav.ALIGN_BYTES == layout.ALIGN_BYTES
 

@@ -303,6 +303,9 @@ NB_MODULE(_luminav, m) {
   m.attr("COL_PARAM_INDEX") = gpu::kColParamIndex;
   m.attr("COL_GLOBAL_NUMEL") = gpu::kColGlobalNumel;
   m.attr("COL_CACHE") = gpu::kColCache;
+  m.attr("COL_EXP_AVG_SCALE") = gpu::kColExpAvgScale;
+  m.attr("COL_EXP_AVG_SQ_SCALE") = gpu::kColExpAvgSqScale;
+  m.attr("COL_ROW_LEN") = gpu::kColRowLen;
   m.attr("ALIGN_BYTES") = gpu::kAlignBytes;
   m.attr("GPU_BLOCK") = gpu::kBlock;
   m.attr("GPU_BLOCK_WARPS") = gpu::kBlockWarps;

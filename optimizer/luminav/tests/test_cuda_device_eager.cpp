@@ -340,7 +340,7 @@ TEST_F(CudaDeviceTest, ACorruptCubinIsRefusedWhenFirstNeededBeforeAnythingIsEnqu
 }
 
 TEST_F(CudaDeviceTest, ABundleForAnotherTableLayoutIsRefusedBeforeAnythingIsEnqueued) {
-  static_assert(luminav::gpu::kTableCols == 18, "fakes/fake_bundle.cpp writes table_cols 18");
+  static_assert(luminav::gpu::kTableCols == 21, "fakes/fake_bundle.cpp writes table_cols 21");
   const Hyper h = clip_skip();
   write_bundle({config(h)});
   // A bundle of the first format: its kernels read 12-column tables.
@@ -352,7 +352,7 @@ TEST_F(CudaDeviceTest, ABundleForAnotherTableLayoutIsRefusedBeforeAnythingIsEnqu
   add_group(*e, h, {3000});
   const std::vector<float> before = params_.back();
   expect_error([&] { e->step(nullptr); }, Status::kBundleError,
-               {dir_.path(), "format_version 1", "tables of 12 columns", "writes 18",
+               {dir_.path(), "format_version 1", "tables of 12 columns", "writes 21",
                 "luminamoon aot build --out " + dir_.path()});
   EXPECT_TRUE(dev().launches.empty());
   EXPECT_EQ(params_.back(), before);

@@ -8,15 +8,22 @@ from dataclasses import dataclass
 import torch
 
 # One row per tensor of a launch group, int64 columns.
-TABLE_COLS = 18
+TABLE_COLS = 21
 COL_PARAM, COL_GRAD, COL_EXP_AVG, COL_EXP_AVG_SQ, COL_P_INIT, COL_STEP = 0, 1, 2, 3, 4, 5
 COL_NUMEL, COL_BLOCK_START, COL_ELEM_OFFSET, COL_PARAM_INDEX, COL_GLOBAL_NUMEL = 6, 7, 8, 9, 10
 # Column 11 is unused (zero). Columns 12-17: the step-constant cache, two slots of (t, bits of
 # rbc1 | bits of rbc2 << 32, seed_tk) for the steps t with t & 1 == slot; written by the update
 # kernels, zero on the host.
 COL_CACHE = 12
-# The columns the host writes (0 .. COL_GLOBAL_NUMEL).
+# The columns the host writes first (0 .. COL_GLOBAL_NUMEL).
 HOST_COLS = COL_GLOBAL_NUMEL + 1
+# q8 moments (state_dtype "q8", docs/tdclm.md "Quantized moments"), written by the host, zero
+# for other state dtypes: the addresses of the float32 block scales of m and of v (row-major
+# [numel / ROW_LEN, ceil(ROW_LEN / 256)]) and ROW_LEN, the elements of a block row (K).
+COL_EXP_AVG_SCALE, COL_EXP_AVG_SQ_SCALE, COL_ROW_LEN = 18, 19, 20
+Q8_HOST_COLS = (COL_EXP_AVG_SCALE, COL_EXP_AVG_SQ_SCALE, COL_ROW_LEN)
+# Elements of a q8 block (kernels/quant.py BLOCK).
+Q8_BLOCK = 256
 
 # Every element address must be a multiple of this (bytes): the kernels declare it to the
 # compiler so that loads and stores become 16-byte vector accesses.
@@ -24,6 +31,8 @@ ALIGN_BYTES = 16
 
 # Storage dtype codes (the kernels' P_DTYPE, G_DTYPE, S_DTYPE constexprs).
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# S_DTYPE of q8 moments (uint8 codes with float32 block scales).
+S_DTYPE_Q8 = 3
 # bound_mode codes (BOUND_MODE constexpr).
 BOUND_MODES = {"none": 0, "abs": 1, "rel": 2}
 # nonfinite policies, in the order of their codes (skip 0, raise 1, propagate 2).

@@ -21,6 +21,7 @@ import torch
 
 __all__ = ["Q8", "BLOCK", "MIN_NUMEL", "CANDIDATES", "CHOSEN", "q8_eligible", "block_rows",
            "scale_shape", "codebook", "zero_code", "block_scales", "expand_scales",
+           "block_reciprocals", "FLOAT32_FORMULAS",
            "quantize", "quantize_nearest", "dequantize"]
 
 Q8 = "q8"
@@ -81,10 +82,45 @@ CANDIDATES: Dict[str, Tuple[Callable[[], List[float]], Callable[[], List[float]]
 CHOSEN = "power-3-4"
 
 
+def power_3_signed_f32(c: np.ndarray) -> np.ndarray:
+    """The chosen C_m in float32 operations (each product rounded to nearest, no fused
+    multiply-add), for int codes ``c``: c < 128: t = (128 - c) * 2**-7, -(t * t) * t (exact);
+    c = 128: 0; c > 128: t = (c - 128) * fl(1/127), (t * t) * t."""
+    f = np.float32
+    c = np.asarray(c, dtype=np.int64)
+    neg = (f(1) * (128 - c).astype(f)) * f(2.0 ** -7)
+    t = (c - 128).astype(f) * (f(1) / f(127))
+    t = np.where(c < 128, neg, t).astype(f)
+    cube = (t * t).astype(f) * t
+    return np.where(c < 128, -cube, np.where(c == 128, f(0), cube)).astype(f)
+
+
+def power_4_unsigned_f32(c: np.ndarray) -> np.ndarray:
+    """The chosen C_v in float32 operations, for int codes ``c``: t = c * fl(1/255),
+    s = t * t, s * s."""
+    f = np.float32
+    t = np.asarray(c, dtype=np.int64).astype(f) * (f(1) / f(255))
+    s = (t * t).astype(f)
+    return (s * s).astype(f)
+
+
+# The codebooks defined by float32 operations rather than as the float32 nearest to a real
+# number: every backend computes them with a few multiplications instead of a table lookup
+# (docs/tdclm.md). Their values are within 6 float32 ulps of the real formulas'.
+FLOAT32_FORMULAS: Dict[str, Tuple[Callable[[np.ndarray], np.ndarray],
+                                  Callable[[np.ndarray], np.ndarray]]] = {
+    "power-3-4": (power_3_signed_f32, power_4_unsigned_f32),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _table(name: str, signed: bool) -> np.ndarray:
     if name not in CANDIDATES:
         raise ValueError(f"unknown q8 codebook {name!r}; the candidates are {sorted(CANDIDATES)}")
+    if name in FLOAT32_FORMULAS:
+        table = FLOAT32_FORMULAS[name][0 if signed else 1](np.arange(256)).astype(np.float32)
+        table.setflags(write=False)
+        return table
     values = CANDIDATES[name][0 if signed else 1]()
     table = np.asarray(values, dtype=np.float64).astype(np.float32)  # nearest float32, once
     table.setflags(write=False)
@@ -92,7 +128,8 @@ def _table(name: str, signed: bool) -> np.ndarray:
 
 
 def real_values(name: str, signed: bool) -> List[float]:
-    """The codebook's 256 values as real numbers (float64), before rounding to float32."""
+    """The codebook's 256 values as real numbers (float64), before rounding to float32 (the
+    codebooks of FLOAT32_FORMULAS are computed in float32 instead, within a few ulps)."""
     return list(CANDIDATES[name][0 if signed else 1]())
 
 
@@ -163,43 +200,45 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor) -
     return scales * table[codes.reshape(-1).to(torch.int64)]
 
 
-def _brackets(x: torch.Tensor, table: torch.Tensor):
-    """(lo code, value of lo, value of the code above, x - lo over the gap) for x in
-    [table[0], 1]: lo is the largest code whose value is <= x; at the top code the gap is
-    empty and the fraction 0."""
-    lo = torch.searchsorted(table, x, right=True) - 1
+def _brackets(y: torch.Tensor, table: torch.Tensor):
+    """(lo, C[lo], C[hi]) for y in [table[0], 1]: lo is the largest code whose value is <= y,
+    hi = min(lo + 1, 255)."""
+    lo = torch.searchsorted(table, y, right=True) - 1
     lo = lo.clamp(0, table.numel() - 1)
     hi = (lo + 1).clamp(max=table.numel() - 1)
-    lo_v, hi_v = table[lo], table[hi]
-    gap = hi_v - lo_v
-    frac = torch.where(gap > 0, (x - lo_v) / torch.where(gap > 0, gap, torch.ones_like(gap)),
-                       torch.zeros_like(x))
-    return lo, frac
+    return lo, table[lo], table[hi]
 
 
-def _normalised(x: torch.Tensor, scales: torch.Tensor, zero: float) -> Tuple[torch.Tensor,
-                                                                             torch.Tensor]:
-    """(x / scale, whether the element is coded as zero: scale 0, or a NaN scale)."""
+def block_reciprocals(scales: torch.Tensor) -> torch.Tensor:
+    """fl(1 / scale) of each block (float32 division, once a block); 1 where the scale is 0 or
+    not finite (those blocks store the zero code)."""
     special = ~(scales > 0) | ~torch.isfinite(scales)
     safe = torch.where(special, torch.ones_like(scales), scales)
-    y = torch.where(special, torch.full_like(x, zero), x / safe)
-    return y, special
+    return torch.where(special, torch.ones_like(scales), 1.0 / safe)
+
+
+def _normalised(x: torch.Tensor, scales: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(y, whether the element is coded as zero: scale 0, or a NaN scale):
+    y = sign(x) where |x| = scale (the block's largest stays exact), else fl(x * fl(1/scale))."""
+    special = ~(scales > 0) | ~torch.isfinite(scales)
+    y = x * block_reciprocals(scales)
+    y = torch.where(x.abs() == scales, torch.sign(x), y)
+    return torch.where(special, torch.zeros_like(x), y), special
 
 
 def quantize(x: torch.Tensor, scales: torch.Tensor, table: torch.Tensor, words: torch.Tensor,
              zero: int) -> torch.Tensor:
     """Flat float32 ``x`` to uint8 codes, stochastically and unbiased (docs/tdclm.md):
 
-        y = x / scale                    (float32 division; y = 0 where scale is 0 or NaN)
-        lo = the largest code with codebook[lo] <= y,  hi = lo + 1
-        f = (y - codebook[lo]) / (codebook[hi] - codebook[lo])      (float32; 0 at code 255)
-        code = lo + 1  iff  (R16 + 0.5) * 2**-16 < f,  else lo
+        y    = sign(x) if |x| = scale, else fl(x * fl(1 / scale))   (0 where scale is 0 or NaN)
+        lo   = the largest code with C[lo] <= y,  hi = min(lo + 1, 255)
+        code = hi  iff  fl(T * fl(C[hi] - C[lo])) < fl(y - C[lo]),  T = (R16 + 0.5) * 2**-16
 
     ``scales``: one per element (expand_scales); ``words``: R16 of each element (int64)."""
-    y, special = _normalised(x, scales, 0.0)
-    lo, frac = _brackets(y, table)
+    y, special = _normalised(x, scales)
+    lo, lo_v, hi_v = _brackets(y, table)
     threshold = (words.to(torch.float32) + 0.5) * (1.0 / 65536.0)  # exact in float32
-    code = lo + (threshold < frac).to(lo.dtype)
+    code = lo + ((threshold * (hi_v - lo_v)) < (y - lo_v)).to(lo.dtype)
     code = torch.where(special, torch.full_like(code, zero), code)
     return code.to(torch.uint8)
 
@@ -208,8 +247,8 @@ def quantize_nearest(x: torch.Tensor, scales: torch.Tensor, table: torch.Tensor,
                      zero: int) -> torch.Tensor:
     """Flat float32 ``x`` to the nearest code (ties to the lower code): the conversion of a
     state dict of another state_dtype, which has no step to draw random bits for."""
-    y, special = _normalised(x, scales, 0.0)
-    lo, frac = _brackets(y, table)
-    code = lo + (frac > 0.5).to(lo.dtype)
+    y, special = _normalised(x, scales)
+    lo, lo_v, hi_v = _brackets(y, table)
+    code = lo + ((hi_v - y) < (y - lo_v)).to(lo.dtype)
     code = torch.where(special, torch.full_like(code, zero), code)
     return code.to(torch.uint8)

@@ -28,12 +28,15 @@ constexpr int kCommitTBlock = 1024;
 constexpr int kCommitWarps = 4;
 
 // The device table (docs/internals.md "Device tables"; kernels/layout.py TABLE_COLS and COL_*): an
-// int64 row per tensor. Columns 0-10 are written by build_tables, 11 is reserved, 12-17 are the
-// step-constant cache (two slots of 3), zero on the host and written by the update kernels.
-constexpr int kTableCols = 18;
+// int64 row per tensor. Columns 0-10 and 18-20 are written by build_tables, 11 is reserved, 12-17 are
+// the step-constant cache (two slots of 3), zero on the host and written by the update kernels;
+// 18-20 (q8 moments, zero otherwise): the addresses of m's and v's float32 block scales and the
+// elements of a block row.
+constexpr int kTableCols = 21;
 constexpr int kColParam = 0, kColGrad = 1, kColExpAvg = 2, kColExpAvgSq = 3, kColPInit = 4, kColStep = 5;
 constexpr int kColNumel = 6, kColBlockStart = 7, kColElemOffset = 8, kColParamIndex = 9, kColGlobalNumel = 10;
 constexpr int kColCache = 12;
+constexpr int kColExpAvgScale = 18, kColExpAvgSqScale = 19, kColRowLen = 20;
 
 // Every pointer a bundle kernel is handed must be a multiple of this many bytes: the kernels are
 // compiled with 16-byte divisibility hints on their pointers (kernels/layout.py ALIGN_BYTES).
