@@ -51,7 +51,7 @@ def _raise_on_nonfinite(groups: Sequence[LaunchGroup], describe: Callable[[int],
         none = 2**62
         first = torch.tensor([min(bad, default=none)], dtype=torch.int64, device=dims[0][1])
         for mesh_dim, _ in dims:
-            dist.all_reduce(first, op=dist.ReduceOp.MIN, group=mesh_dim.group)
+            first = _reduced(first, mesh_dim, dist.ReduceOp.MIN)
         bad = [int(first.item())] if int(first.item()) != none else []
     if bad:
         k = min(bad)
@@ -59,6 +59,21 @@ def _raise_on_nonfinite(groups: Sequence[LaunchGroup], describe: Callable[[int],
             f"{describe(k)} has a non-finite gradient (nan or inf) and nonfinite='raise'; "
             f"nothing was changed. Fix: find where the gradient overflows (lower the lr, scale "
             f"the loss), or pass nonfinite='skip' to skip such steps on the device")
+
+
+def _reduced(buf: torch.Tensor, mesh_dim, op) -> torch.Tensor:
+    """``buf`` all-reduced along ``mesh_dim``, on the mesh's device type: the host step of
+    offloaded shards (optimizer/offload.py: local tensors on the CPU, the mesh on CUDA) reduces
+    its few statistics where the mesh's backend takes them, and gets them back."""
+    import torch.distributed as dist
+
+    kind = mesh_dim.key[0]
+    if kind in (buf.device.type, "cpu"):
+        dist.all_reduce(buf, op=op, group=mesh_dim.group)
+        return buf
+    there = buf.to(torch.device(kind, getattr(torch, kind).current_device()))
+    dist.all_reduce(there, op=op, group=mesh_dim.group)
+    return there.to(buf.device)
 
 
 def _step_mesh_dims(groups: Sequence[LaunchGroup]) -> List[Tuple[object, torch.device]]:
@@ -90,8 +105,7 @@ def _all_reduce_shards(groups: Sequence[LaunchGroup], flags: Dict[torch.device, 
             parts.append(flag.to(torch.float32).reshape(1))
         if not parts:
             continue
-        buf = torch.cat(parts)
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=mesh_dim.group)
+        buf = _reduced(torch.cat(parts), mesh_dim, dist.ReduceOp.SUM)
         at = 0
         for g in owners:
             n = g.stats.numel()

@@ -33,7 +33,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from ._dtensor import is_dtensor
+from ._dtensor import is_dtensor, local_tensor
 from .backends import get_backend
 from .in_backward import (DEFAULT_BUCKET_BYTES, BucketStepper, _GradHooks, _OptimizerFace,
                           _params_of, tell_scheduler)
@@ -52,6 +52,16 @@ def _as_groups(params) -> List[Dict[str, Any]]:
         return [dict(g, params=list(g["params"]) if not isinstance(g["params"], torch.Tensor)
                      else [g["params"]]) for g in params]
     return [{"params": params}]
+
+
+def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` (a host tensor of p's local shape) as what stands for ``p`` on the host: itself
+    for a plain parameter; for a DTensor, a DTensor over it with p's mesh, placements and global
+    shape (its local tensor on the host: only the step's statistics cross the mesh)."""
+    if not is_dtensor(p):
+        return local
+    return type(p).from_local(local, p.device_mesh, p.placements, run_check=False,
+                              shape=p.shape, stride=p.stride())
 
 
 _ALIGN = 64  # bytes: each host tensor starts on a cache line
@@ -102,11 +112,13 @@ class CpuOffload(_OptimizerFace):
         self.params: List[torch.Tensor] = [p for g in groups for p in g["params"]]
         if not self.params:
             raise ValueError("offload got no parameters")
-        for k, p in enumerate(self.params):
-            if is_dtensor(p):
-                raise ValueError(f"parameter {k} is a DTensor; offload steps whole local tensors "
-                                 f"only for now: use step_in_backward (or LuminaMoon) for "
-                                 f"FSDP2/DTensor parameters")
+        self._sharded = any(is_dtensor(p) for p in self.params)
+        if self._sharded and in_backward:
+            raise ValueError(
+                "offload(in_backward=True) steps on a worker thread, whose collectives (the "
+                "statistics of sharded tensors) would interleave with FSDP2's own in backward; "
+                "for DTensor (FSDP2) parameters use offload(in_backward=False), which steps "
+                "them in step(), or step_in_backward")
         devices = {p.device for p in self.params}
         if len(devices) != 1:
             raise ValueError(f"offload's parameters live on {sorted(map(str, devices))}; they "
@@ -118,20 +130,24 @@ class CpuOffload(_OptimizerFace):
         self.in_backward = bool(in_backward)
         # the host gradient takes the host copy's dtype (torch keeps a tensor's .grad in its
         # dtype); a bf16 gradient is widened on the device before its copy
-        specs = [(p.shape, torch.float32 if self.master_weights
+        # (a DTensor parameter: its local shard, and host DTensors over the host shards with
+        # the parameter's mesh and placements, so the host step reduces what it must over it)
+        specs = [(local_tensor(p).shape, torch.float32 if self.master_weights
                   and p.dtype in (torch.bfloat16, torch.float16) else p.dtype)
                  for p in self.params]
         self._host: List[torch.Tensor] = host_buffers(specs, pin)
         self._grads: List[torch.Tensor] = host_buffers(specs, pin)
         with torch.no_grad():
             for p, h in zip(self.params, self._host):
-                h.copy_(p.detach())
+                h.copy_(local_tensor(p.detach()))
+        self._host_params = [_like(p, h) for p, h in zip(self.params, self._host)]
+        self._host_grads = [_like(p, g) for p, g in zip(self.params, self._grads)]
         self._slot = {id(p): i for i, p in enumerate(self.params)}
         at = 0
         host_groups = []
         for g in groups:
             n = len(g["params"])
-            host_groups.append(dict(g, params=self._host[at:at + n]))
+            host_groups.append(dict(g, params=self._host_params[at:at + n]))
             at += n
         backend = optimizer_kwargs.pop("backend", None)
         if backend is None or backend == "cpu":
@@ -181,7 +197,7 @@ class CpuOffload(_OptimizerFace):
                 self._d2h.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(self._d2h):
                     for p, i in zip(params, slots):
-                        grad = p.grad
+                        grad = local_tensor(p.grad)
                         grad.record_stream(self._d2h)
                         if grad.dtype != self._grads[i].dtype:
                             grad = grad.to(self._grads[i].dtype)  # on the side stream
@@ -192,7 +208,7 @@ class CpuOffload(_OptimizerFace):
                                           for p in params))
             else:
                 for p, i in zip(params, slots):
-                    self._grads[i].copy_(p.grad)
+                    self._grads[i].copy_(local_tensor(p.grad))
         for p in params:
             p.grad = None
         if self.in_backward:
@@ -218,9 +234,9 @@ class CpuOffload(_OptimizerFace):
         """The worker: wait for the bucket's gradients, step it on the CPU, copy it back."""
         if event is not None:
             event.synchronize()
-        hosts = [self._host[i] for i in slots]
+        hosts = [self._host_params[i] for i in slots]
         for h, i in zip(hosts, slots):
-            h.grad = self._grads[i]
+            h.grad = self._host_grads[i]
         try:
             self._stepper.step(hosts)
             self._stepper.settle(0)  # host flags: read now, before the copy back
@@ -241,18 +257,18 @@ class CpuOffload(_OptimizerFace):
                     self._h2d.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(self._h2d):
                     for i in slots:
-                        p, h = self.params[i], self._host[i]
+                        p, h = local_tensor(self.params[i].detach()), self._host[i]
                         if h.dtype == p.dtype:
-                            p.detach().copy_(h, non_blocking=True)
+                            p.copy_(h, non_blocking=True)
                         else:  # a float32 master: over as float32, rounded on the device
-                            p.detach().copy_(h.to(self.device, non_blocking=True))
+                            p.copy_(h.to(p.device, non_blocking=True))
                 event = torch.cuda.Event()
                 event.record(self._h2d)
                 for i in slots:
                     self._param_event[i] = event
             else:
                 for i in slots:
-                    self.params[i].detach().copy_(self._host[i])
+                    local_tensor(self.params[i].detach()).copy_(self._host[i])
 
     # ---------------------------------------------------------------------------------
     # the step, and waiting for the parameters
@@ -272,12 +288,12 @@ class CpuOffload(_OptimizerFace):
             self._d2h_events = []
             slots, self._ready = sorted(set(self._ready)), []
             for i in slots:
-                self._host[i].grad = self._grads[i]
+                self._host_params[i].grad = self._host_grads[i]
             try:
                 self.optimizer.step()
             finally:
                 for i in slots:
-                    self._host[i].grad = None
+                    self._host_params[i].grad = None
             self._copy_back(slots, None)
         if not self._overlap:
             self.wait()
@@ -331,7 +347,7 @@ class CpuOffload(_OptimizerFace):
             for k, h in enumerate(self._host):
                 entry = sd["state"].get(k)
                 if entry and h.dtype != self.params[k].dtype:
-                    entry[_MASTER] = h.detach().clone()
+                    entry[_MASTER] = _like(self.params[k], h.detach().clone())
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -352,10 +368,10 @@ class CpuOffload(_OptimizerFace):
         with torch.no_grad():
             for k, (p, h) in enumerate(zip(self.params, self._host)):
                 if k in masters:
-                    h.copy_(masters[k])
-                    p.copy_(h)
+                    h.copy_(local_tensor(masters[k]))
+                    local_tensor(p.detach()).copy_(h)
                 else:
-                    h.copy_(p.detach())
+                    h.copy_(local_tensor(p.detach()))
 
 
 def offload(model_or_params, *, in_backward: bool = False,
