@@ -73,7 +73,7 @@ struct HostTensor {
   RowTuple row(std::int64_t k, bool bounded = false) {
     const auto n = static_cast<std::int64_t>(p.size());
     return RowTuple{addr(p.data()), addr(g.data()), addr(m.data()), addr(v.data()), bounded ? addr(p0.data()) : 0,
-                    addr(&step), n, 0, k, n};
+                    addr(&step), n, 0, k, n, 0, 0, 0};
   }
 };
 
@@ -100,7 +100,7 @@ TEST(MakeConfig, CopiesTheValuesAndValidatesThem) {
                  "nonfinite must be 0 (skip), 1 (raise) or 2 (propagate), got -1");
   expect_refused([] { luminav::nonfinite_from_name("sometimes"); }, Status::kInvalidArgument,
                  "nonfinite must be \"skip\", \"raise\" or \"propagate\", got \"sometimes\"");
-  expect_refused(config(0, 0.9, 0, 0, 2), Status::kInvalidArgument, "state_dtype must be float32 (0) or bfloat16 (1), got float16 (2)");
+  expect_refused(config(0, 0.9, 0, 0, 2), Status::kInvalidArgument, "state_dtype must be float32 (0), bfloat16 (1) or q8 (3: one-byte codes with a float32 scale a block of 256), got float16 (2)");
 }
 
 TEST(MakeRows, RefusesEachBadRowByIndex) {

@@ -16,6 +16,7 @@ import os
 import torch
 
 from ...kernels.layout import DTYPE_CODES
+from ...kernels.quant import Q8
 from .._groups import LaunchGroup
 from ._native import _luminav, group_config
 from ._tables import TableState, step_state
@@ -23,7 +24,9 @@ from .base import Backend
 
 __all__ = ["AotBackend"]
 
-_STATES = (torch.float32, torch.bfloat16)
+# q8 groups launch the bundle's q8 variants (S_DTYPE 3); a bundle without them is refused by
+# name when the group is built (the variant key, the arch and the `aot build` that adds them).
+_STATES = (torch.float32, torch.bfloat16, Q8)
 
 
 class _AotState(TableState):
