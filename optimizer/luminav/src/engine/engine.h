@@ -126,6 +126,14 @@ struct ParamDesc {
   void* exp_avg = nullptr;       // optional borrowed m (state_dtype, numel); null: allocated
   void* exp_avg_sq = nullptr;    // optional borrowed v
   void* p_init = nullptr;        // optional borrowed p0 (param dtype); used when bounded
+  // q8 moments (the group's state_dtype kQ8): exp_avg and exp_avg_sq hold numel uint8 codes
+  // (lent: filled with the zero codes, 128 for m and 0 for v), these their float32 block scales
+  // (lent with the codes, zeroed: scale_numel floats each, numel / row_len * ceil(row_len / 256)),
+  // row_len the elements of a block row (0: numel, one row). All zero for other state dtypes.
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
+  std::int64_t scale_numel = 0;
+  std::int64_t row_len = 0;
 };
 
 class Engine {
