@@ -133,7 +133,9 @@ struct SelftestTensor {
 //   1% of the elements.
 // - q8 codes: m' and v' agree to a few float32 ulps (their block scales are compared as float32
 //   values above), so a code differs only where the stochastic decision falls within that of its
-//   threshold: at most 1 code apart, on at most 1% of the elements.
+//   threshold: at most 1 code apart, on at most 1% of the elements. Such a code moves its
+//   element's later updates by a code step, so with q8 moments a float32 param may be beyond the
+//   float32 tolerance on those elements: at most 1% of them (`rare_outliers`).
 struct Comparison {
   std::int64_t differing = 0;
   std::int64_t worst_ulps = 0;
@@ -142,7 +144,7 @@ struct Comparison {
 };
 
 Comparison compare(DType d, const std::vector<unsigned char>& a, const std::vector<unsigned char>& b,
-                   std::int64_t n) {
+                   std::int64_t n, bool rare_outliers = false) {
   Comparison c;
   if (d == DType::kQ8) {
     for (std::int64_t i = 0; i < n; ++i) {
@@ -161,6 +163,7 @@ Comparison compare(DType d, const std::vector<unsigned char>& a, const std::vect
     if (std::isfinite(x)) sumsq += x * x;
   }
   const double rms = n > 0 ? std::sqrt(sumsq / static_cast<double>(n)) : 0.0;
+  std::int64_t outliers = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const unsigned char* pa = a.data() + i * es;
     const unsigned char* pb = b.data() + i * es;
@@ -176,11 +179,15 @@ Comparison compare(DType d, const std::vector<unsigned char>& a, const std::vect
     const double diff = std::fabs(x - y);
     c.worst_rel = std::max(c.worst_rel, diff / std::max({std::fabs(x), std::fabs(y), 1e-30}));
     if (d == DType::kFloat32) {
-      if (diff > 1e-5 * std::max(std::fabs(x), std::fabs(y)) + 1e-6 * rms) c.ok = false;
+      if (diff > 1e-5 * std::max(std::fabs(x), std::fabs(y)) + 1e-6 * rms) {
+        ++outliers;
+        if (!rare_outliers) c.ok = false;
+      }
     } else if (u > 1) {
       c.ok = false;
     }
   }
+  if (rare_outliers && outliers * 100 > n) c.ok = false;
   if (d != DType::kFloat32 && c.differing * 100 > n) c.ok = false;
   return c;
 }
@@ -300,13 +307,15 @@ bool selftest_variant(const UpdateVariant& var, const BundleOptions& o, CudaSess
       std::vector<std::tuple<const char*, DType, const std::vector<unsigned char>*,
                              const std::vector<unsigned char>*, std::int64_t>> compared;
       for (const auto& f : fields) compared.emplace_back(f.name, f.d, f.cpu, f.gpu, t.numel);
+      const bool rare_outliers = q8;  // params, where a q8 code fell the other way
       if (q8) {  // the block scales, as float32 values
         const std::int64_t blocks = cpu::quant::num_blocks(t.numel, t.row_len);
         compared.emplace_back("exp_avg_scale", DType::kFloat32, &t.sm, &t.gpu_sm, blocks);
         compared.emplace_back("exp_avg_sq_scale", DType::kFloat32, &t.sv, &t.gpu_sv, blocks);
       }
       for (const auto& [name, dtype, cpu_bytes, gpu_bytes, count] : compared) {
-        const Comparison c = compare(dtype, *cpu_bytes, *gpu_bytes, count);
+        const Comparison c =
+            compare(dtype, *cpu_bytes, *gpu_bytes, count, rare_outliers && std::string(name) == "param");
         if (!c.ok) {
           ok = false;
           out << " step " << step << " tensor " << j << " (" << t.numel << " elements) " << name << ": "
