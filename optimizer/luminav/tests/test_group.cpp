@@ -139,6 +139,35 @@ TEST(MakeRows, RefusesEachBadRowByIndex) {
   EXPECT_EQ(rows[1].numel, 0);
 }
 
+TEST(MakeRows, TakesQ8FieldsOnlyInAQ8GroupAndChecksThem) {
+  HostTensor a(512);
+  float scales[4] = {};
+  auto q8_row = [&](std::int64_t row_len, std::uintptr_t sm, std::uintptr_t sv) {
+    RowTuple r = a.row(0);
+    std::get<10>(r) = sm;
+    std::get<11>(r) = sv;
+    std::get<12>(r) = row_len;
+    return std::vector<RowTuple>{r};
+  };
+  auto refused = [](const std::vector<RowTuple>& rows, bool q8, const std::string& message) {
+    expect_refused([&] { luminav::make_rows(rows, false, q8); }, Status::kInvalidArgument, message);
+  };
+  const std::uintptr_t sm = addr(scales), sv = addr(scales + 2);
+  refused(q8_row(256, sm, sv), false,
+          "row 0: scale addresses or a row_len (256) given, but the group's state dtype is not q8; pass 0, 0, 0 or "
+          "state_dtype q8 (3)");
+  refused(q8_row(0, sm, sv), true, "row 0: q8 row_len must be > 0 and divide numel 512, got 0; pass the elements of one row of the "
+          "parameter (numel / shape[0])");
+  refused(q8_row(300, sm, sv), true, "row 0: q8 row_len must be > 0 and divide numel 512, got 300; pass the elements of one row of the "
+          "parameter (numel / shape[0])");
+  refused(q8_row(256, 0, sv), true, "row 0: a q8 scale address (exp_avg_scale/exp_avg_sq_scale) is 0");
+  refused(q8_row(256, sm, 0), true, "row 0: a q8 scale address (exp_avg_scale/exp_avg_sq_scale) is 0");
+  const std::vector<luminav::TensorRow> rows = luminav::make_rows(q8_row(256, sm, sv), false, true);
+  EXPECT_EQ(rows[0].scale_m, scales);
+  EXPECT_EQ(rows[0].scale_v, scales + 2);
+  EXPECT_EQ(rows[0].row_len, 256);
+}
+
 TEST(PoolFor, SharesOnePoolPerSizeAndRefusesANegativeCount) {
   EXPECT_EQ(luminav::pool_for(2), luminav::pool_for(2));
   EXPECT_EQ(luminav::pool_for(2)->size(), 2);
