@@ -92,6 +92,7 @@ CONFIGS = {
     "clip-off-rel-bound": dict(clip=0.0, bound_mode="rel", bound=0.05),
     "maximize-propagate": dict(maximize=True, nonfinite="propagate", weight_decay=0.0),
     "bf16-params": dict(stochastic_rounding=True),
+    "single-pass": dict(clip=0.0, nonfinite="propagate"),  # no pass 1 at all
 }
 
 
