@@ -86,9 +86,91 @@ def test_table_bytes(case):
                      group.p_inits[j].data_ptr() if group.hyper.bound_mode else 0,
                      group.steps[j].data_ptr(), group.params[j].numel(),
                      int(group.elem_offsets[j]), int(group.param_indices[j]),
-                     int(group.global_numels[j])))
+                     int(group.global_numels[j]), 0, 0, 0))
     table, block_map, nblocks = _luminav.build_tables(rows)
     assert nblocks == ours.nblocks
     assert torch.equal(torch.tensor(table, dtype=torch.int64).reshape(len(rows), -1), ours.table)
     if nblocks:
         assert torch.equal(torch.tensor(block_map, dtype=torch.int32), ours.block_map)
+
+
+# --------------------------------------------------------------------------------------------
+# q8 moments (docs/tdclm.md "Quantized moments (q8)")
+# --------------------------------------------------------------------------------------------
+def test_q8_codebooks():
+    """engine/cpu_quant.cpp and kernels/quant.py: the same 256 float32 values, bit for bit."""
+    from luminamoon.kernels import quant
+
+    for signed in (True, False):
+        ours = torch.tensor(_luminav.q8_codebook(signed), dtype=torch.float32)
+        assert torch.equal(ours.view(torch.int32), quant.codebook(signed).view(torch.int32))
+    assert _luminav.Q8_ZERO_CODES == (quant.zero_code(True), quant.zero_code(False))
+    assert _luminav.Q8_BLOCK == quant.BLOCK == layout.Q8_BLOCK
+    assert _luminav.S_DTYPE_Q8 == layout.S_DTYPE_Q8
+
+
+def _q8_group(**hyper):
+    """A q8 launch group of rows that 256 divides, rows of a short last block and a 1-D tensor,
+    built by the optimizer (the cpu engine steps it once)."""
+    from luminamoon import LuminaMoon
+
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen))
+              for s in ((64, 256), (17, 257), (5000,), (2, 3, 32, 32))]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt = LuminaMoon(params, state_dtype="q8", seed=3, backend="cpu", **hyper)
+    opt.step()
+    (group,) = [g for g in opt._plan.groups if g.state_dtype == "q8"]
+    group.grads = [p.grad for p in params]  # (a step lets go of its gradient list)
+    return group
+
+
+def test_q8_table_bytes():
+    """A q8 group's table and block map, written by Python and by C++ from the same rows: the
+    scale addresses and ROW_LEN in columns 18-20, programs of whole q8 blocks."""
+    from luminamoon.optimizer.backends._tables import host_rows
+
+    group = _q8_group(bound_mode="abs", bound=1.0)
+    ours = build_table(group, _luminav.GPU_BLOCK)
+    rows = host_rows(group)
+    table, block_map, nblocks = _luminav.build_tables(rows)
+    theirs = torch.tensor(table, dtype=torch.int64).reshape(len(rows), -1)
+    assert torch.equal(theirs, ours.table)
+    assert torch.equal(torch.tensor(block_map, dtype=torch.int32), ours.block_map)
+    assert nblocks == ours.nblocks
+    per = _luminav.GPU_BLOCK // layout.Q8_BLOCK
+    # programs a tensor owns: ceil(R * ceil(K / 256) / (BLOCK / 256))
+    assert nblocks == sum(-(-r * -(-k // 256) // per) for r, k in group.q8_rows)
+    for j, (r, k) in enumerate(group.q8_rows):
+        assert int(theirs[j, layout.COL_ROW_LEN]) == k
+        assert int(theirs[j, layout.COL_EXP_AVG_SCALE]) == group.exp_avg_scales[j].data_ptr()
+        assert int(theirs[j, layout.COL_EXP_AVG_SQ_SCALE]) == group.exp_avg_sq_scales[j].data_ptr()
+    assert nblocks > sum(-(-p.numel() // _luminav.GPU_BLOCK) for p in group.params)  # (17, 257)
+    # a q8 row in a group of float moments, or a float row without its q8 fields, is refused
+    bad = [rows[0][:10] + (0, 0, 0)] + rows[1:]
+    with pytest.raises(ValueError, match="row 0: q8 row_len must be > 0"):
+        _luminav.build_tables(bad)
+
+
+def test_q8_variant_keys():
+    """q8 configs (state dtype S_DTYPE_Q8 = 3): the update kernels' keys carry s3; where the
+    kernel catalog has q8 variants, the keys are the catalog's."""
+    catalog = import_or_skip("luminamoon.kernels.catalog", "triton")
+    for p, clip, bound_mode, nonfinite, sr in itertools.product(
+            (torch.float32, torch.bfloat16), (0.0, 1.0), (0, 2), layout.NONFINITE_POLICIES,
+            (False, True)):
+        hyper = Hyper(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, clip=clip,
+                      bound_mode=bound_mode, bound=1.0, maximize=False, nonfinite=nonfinite,
+                      stochastic_rounding=sr)
+        config = _luminav.GroupConfig(
+            (layout.DTYPE_CODES[p], layout.DTYPE_CODES[p], layout.S_DTYPE_Q8), hyper, 0)
+        ours = _luminav.variant_keys(config)
+        for kernel in ("pass1", "pass2", "single_pass"):
+            if kernel in ours:
+                assert f"s{layout.S_DTYPE_Q8}" in ours[kernel].split(".")[1], ours[kernel]
+        try:
+            theirs = catalog.variants_for(p, p, "q8", launch_flags(p, "q8", hyper))
+        except (ValueError, KeyError):
+            continue  # this catalog has no q8 variants (yet)
+        assert ours == {k: v.key() for k, v in theirs.items()}

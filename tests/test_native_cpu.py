@@ -259,6 +259,8 @@ configs = [
     dict(dtype=torch.bfloat16, state_dtype=torch.bfloat16, clip=2.0, bound_mode="rel"),
     dict(dtype=torch.bfloat16, state_dtype=torch.float32, clip=1.0, bound_mode="abs"),
     dict(dtype=torch.float16, state_dtype=torch.float32, clip=4.0, bound_mode="none"),
+    dict(dtype=torch.float32, state_dtype="q8", clip=4.0, bound_mode="none"),
+    dict(dtype=torch.bfloat16, state_dtype="q8", clip=0.0, bound_mode="rel"),
 ]
 for i, c in enumerate(configs):
     params = [(torch.randn(s, generator=gen) * 0.3).to(c["dtype"]).requires_grad_() for s in shapes]
@@ -273,8 +275,8 @@ for i, c in enumerate(configs):
     h = hashlib.sha256()
     for p in params:
         st = opt.state[p]
-        for t in (p.detach(), st["exp_avg"], st["exp_avg_sq"]):
-            h.update(t.contiguous().view(torch.uint8 if t.dtype == torch.float32 else torch.int16).numpy().tobytes())
+        for t in [p.detach()] + [st[k] for k in sorted(st) if k not in ("step", "p_init")]:
+            h.update(t.contiguous().view(torch.uint8).numpy().tobytes())  # q8: codes and scales
     print("config", i, h.hexdigest())
 """
 
@@ -295,7 +297,7 @@ def _isa_run(isa):
 def test_every_vector_width_stores_the_same_bits():
     """The engine's loops run at the widest vector width the CPU has (AVX-512F, AVX2 or the
     baseline); a result that depended on it would differ between machines. Every width this
-    machine has steps fp32, bf16 (stochastic rounding, bf16 and fp32 moments, bounds) and fp16
+    machine has steps fp32, bf16 (stochastic rounding, bf16, fp32 and q8 moments, bounds) and fp16
     parameters through the clip's tanh three times; all store the same bits."""
     require("default cpu isa")
     widest = _luminav.cpu_isa()
@@ -308,7 +310,7 @@ def test_every_vector_width_stores_the_same_bits():
         lines = proc.stdout.splitlines()
         assert lines[0] == f"isa {isa}"
         outputs[isa] = [ln for ln in lines if ln.startswith("config")]
-        assert len(outputs[isa]) == 5
+        assert len(outputs[isa]) == 7
     for isa in widths[1:]:
         assert outputs[isa] == outputs["baseline"], f"{isa} differs from the baseline"
 

@@ -391,20 +391,13 @@ def test_backend_choice_for_q8():
     opt = LuminaMoon(params, state_dtype="q8", seed=1, backend="auto")
     opt.step()
     by_kind = {str(g.state_dtype): b.name for g, b in zip(opt._plan.groups, opt._plan.backends)}
-    assert by_kind["q8"] == "reference"
+    # on CPU "auto" takes the cpu engine where it loads (it steps q8 groups), else the reference
+    from luminamoon.optimizer.backends import _try_instance
+
+    assert by_kind["q8"] == ("cpu" if _try_instance("cpu") is not None else "reference")
     opt = LuminaMoon(params, state_dtype="q8", seed=1, backend="triton")
     with pytest.raises((ValueError, ImportError), match=r"q8|triton"):
         opt.step()
-    before = [p.detach().clone() for p in params]
-    try:
-        opt = LuminaMoon(params, state_dtype="q8", seed=1, backend="cpu")
-    except ImportError:
-        require("native")
-        raise
-    with pytest.raises(ValueError, match=r"state_dtype='q8'.*reference"):
-        opt.step()
-    assert all(torch.equal(a, b) for a, b in zip(params, before))
-    assert not opt.state[params[0]]  # the refused plan left no state behind
 
 
 def test_invalid_state_dtype_is_refused():

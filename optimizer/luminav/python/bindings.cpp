@@ -22,6 +22,7 @@
 #include "aot/hip_driver.h"
 #include "aot/manifest.h"
 #include "engine/cpu_kernels.h"
+#include "engine/cpu_quant.h"
 #include "engine/engine.h"
 #include "engine/group.h"
 #include "engine/group_launch.h"
@@ -278,13 +279,25 @@ NB_MODULE(_luminav, m) {
   }, "config"_a, "The AOT variant keys the engine launches for one launch group.");
 
   m.def("build_tables", [](const std::vector<RowTuple>& rows) {
-    const std::vector<luminav::TensorRow> r = luminav::make_rows(rows, false);
+    bool q8 = false;  // q8 rows carry a row_len (the group's rows all do, or none)
+    for (const RowTuple& row : rows) q8 = q8 || std::get<12>(row) != 0;
+    const std::vector<luminav::TensorRow> r = luminav::make_rows(rows, false, q8);
     luminav::gpu::HostTables t = luminav::gpu::build_tables(r.data(), r.size());
     return std::make_tuple(std::move(t.table), std::move(t.block_map), t.nblocks);
   }, "rows"_a,
         "(table, block_map, nblocks) as C++ writes them (build_tables) for rows of (param, grad, exp_avg, "
-        "exp_avg_sq, p_init, step, numel, elem_offset, param_index, global_numel): table is ntensors x TABLE_COLS "
-        "int64 values, row by row.");
+        "exp_avg_sq, p_init, step, numel, elem_offset, param_index, global_numel, scale_m, scale_v, row_len): "
+        "table is ntensors x TABLE_COLS int64 values, row by row.");
+
+  // q8 moments: the codebooks as engine/cpu_quant.cpp computes them (tests/test_contract.py
+  // compares them with kernels/quant.py's), and the codes of zero.
+  m.def("q8_codebook", [](bool is_signed) {
+    const float* t = is_signed ? luminav::cpu::quant::codebook_m_table() : luminav::cpu::quant::codebook_v_table();
+    return std::vector<float>(t, t + 256);
+  }, "signed"_a, "The 256 float32 values of the signed (m) or unsigned (v) q8 codebook, ascending.");
+  m.attr("Q8_ZERO_CODES") = nb::make_tuple(luminav::cpu::quant::kZeroCodeM, luminav::cpu::quant::kZeroCodeV);
+  m.attr("Q8_BLOCK") = luminav::cpu::quant::kBlock;
+  m.attr("S_DTYPE_Q8") = static_cast<int>(luminav::DType::kQ8);
 
   // The contract constants, each read from its one C++ owner (tests/test_contract.py compares
   // them with Python's): the table layout, the pointer alignment, the launch shapes, the codes.

@@ -122,7 +122,7 @@ luminav::Hyper to_hyper(const lv_hyperparams* h) {
     invalid("stochastic_rounding must be 0 or 1, got " + std::to_string(h->stochastic_rounding));
   }
   out.stochastic_rounding = h->stochastic_rounding != 0;
-  out.state_dtype = luminav::dtype_from_int(h->state_dtype, "state_dtype");
+  out.state_dtype = luminav::state_dtype_from_int(h->state_dtype);
   luminav::validate_hyper(out);
   return out;
 }
@@ -253,7 +253,11 @@ lv_status lv_optimizer_add_group(lv_optimizer* opt, const lv_hyperparams* hyper,
 lv_status lv_optimizer_add_param(lv_optimizer* opt, size_t group, const lv_param_desc* desc, size_t* out_index) {
   return with_engine(opt, [&](luminav::Engine& e) {
     require_ptr(desc, "desc");
-    check_struct_size(desc, "desc");
+    // The first release's desc ended at p_init; the q8 fields are read only where struct_size
+    // covers them.
+    constexpr std::size_t kDescV1 = offsetof(lv_param_desc, exp_avg_scale);
+    if (desc->struct_size < kDescV1) check_struct_size(desc, "desc");
+    const bool has_q8 = desc->struct_size >= sizeof(lv_param_desc);
     luminav::ParamDesc d;
     d.data = desc->data;
     d.dtype = luminav::dtype_from_int(desc->dtype, "desc->dtype");
@@ -263,6 +267,12 @@ lv_status lv_optimizer_add_param(lv_optimizer* opt, size_t group, const lv_param
     d.exp_avg = desc->exp_avg;
     d.exp_avg_sq = desc->exp_avg_sq;
     d.p_init = desc->p_init;
+    if (has_q8) {
+      d.exp_avg_scale = static_cast<float*>(desc->exp_avg_scale);
+      d.exp_avg_sq_scale = static_cast<float*>(desc->exp_avg_sq_scale);
+      d.scale_numel = desc->scale_numel;
+      d.row_len = desc->row_len;
+    }
     const std::size_t k = e.add_param(group, d);
     if (out_index) *out_index = k;
   });

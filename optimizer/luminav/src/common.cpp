@@ -13,8 +13,10 @@ namespace luminav {
 namespace {
 
 // Each enum's names, indexed by its code (the order of kDTypes, kBoundModes, kNonFinites).
-constexpr const char* kDTypeNames[] = {"float32", "bfloat16", "float16"};
-constexpr const char* kDTypeWords[] = {"fp32", "bf16", "fp16"};
+constexpr const char* kDTypeNames[] = {"float32", "bfloat16", "float16", "q8"};
+constexpr const char* kDTypeWords[] = {"fp32", "bf16", "fp16", "q8"};
+// The element dtypes (codes 0-2): kDTypeNames without q8, for dtype_from_int's choices.
+constexpr const char* kElementDTypeNames[] = {"float32", "bfloat16", "float16"};
 constexpr const char* kBoundModeNames[] = {"none", "abs", "rel"};
 constexpr const char* kNonFiniteNames[] = {"skip", "raise", "propagate"};
 
@@ -41,12 +43,20 @@ E from_int(int code, const char* const (&names)[N], const std::string& prefix) {
 
 const char* dtype_name(DType d) noexcept { return name_of(kDTypeNames, d, "unknown"); }
 const char* dtype_word(DType d) noexcept { return name_of(kDTypeWords, d, "?"); }
-std::size_t dtype_size(DType d) noexcept { return d == DType::kFloat32 ? 4 : 2; }
+std::size_t dtype_size(DType d) noexcept {
+  return d == DType::kFloat32 ? 4 : d == DType::kQ8 ? 1 : 2;
+}
 const char* bound_mode_name(BoundMode m) noexcept { return name_of(kBoundModeNames, m, "?"); }
 const char* nonfinite_name(NonFinite n) noexcept { return name_of(kNonFiniteNames, n, "?"); }
 
 DType dtype_from_int(int code, const char* what) {
-  return from_int<DType>(code, kDTypeNames, std::string(what) + " must be a dtype code ");
+  return from_int<DType>(code, kElementDTypeNames, std::string(what) + " must be a dtype code ");
+}
+DType state_dtype_from_int(int code) {
+  if (code == 0 || code == 1 || code == 3) return static_cast<DType>(code);
+  throw Error(Status::kInvalidArgument,
+              "state_dtype must be float32 (0), bfloat16 (1) or q8 (3: one-byte codes with a float32 "
+              "scale a block of 256), got " + (code == 2 ? std::string("float16 (2)") : std::to_string(code)));
 }
 BoundMode bound_mode_from_int(int code) { return from_int<BoundMode>(code, kBoundModeNames, "bound_mode must be "); }
 NonFinite nonfinite_from_int(int code) { return from_int<NonFinite>(code, kNonFiniteNames, "nonfinite must be "); }
@@ -141,11 +151,7 @@ void validate_hyper(const Hyper& h) {
     check_nonzero_float32("bound", h.bound, "use bound >= 1e-38");
   }
   (void)nonfinite_from_int(static_cast<int>(h.nonfinite));
-  if (h.state_dtype != DType::kFloat32 && h.state_dtype != DType::kBFloat16) {
-    const int code = static_cast<int>(h.state_dtype);
-    bad(std::string("state_dtype must be float32 (0) or bfloat16 (1), got ") +
-        (code == 2 ? "float16 (2)" : std::to_string(code)));
-  }
+  (void)state_dtype_from_int(static_cast<int>(h.state_dtype));
 }
 
 }  // namespace luminav

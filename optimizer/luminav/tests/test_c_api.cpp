@@ -92,7 +92,7 @@ TEST_F(CApiTest, UnknownDtypeAndSizeMismatch) {
   EXPECT_EQ(last(), "param group 5 is out of range: the optimizer has 1 groups");
   hyper_.state_dtype = LV_DTYPE_FLOAT16;
   EXPECT_EQ(lv_optimizer_add_group(opt_, &hyper_, nullptr), LV_STATUS_INVALID_ARGUMENT);
-  EXPECT_EQ(last(), "state_dtype must be float32 (0) or bfloat16 (1), got float16 (2)");
+  EXPECT_EQ(last(), "state_dtype must be float32 (0), bfloat16 (1) or q8 (3: one-byte codes with a float32 scale a block of 256), got float16 (2)");
   lv_param_desc old{};
   old.struct_size = 8;  // from an older, smaller header
   EXPECT_EQ(lv_optimizer_add_param(opt_, g, &old, nullptr), LV_STATUS_INVALID_ARGUMENT);

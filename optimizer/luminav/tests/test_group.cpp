@@ -73,7 +73,7 @@ struct HostTensor {
   RowTuple row(std::int64_t k, bool bounded = false) {
     const auto n = static_cast<std::int64_t>(p.size());
     return RowTuple{addr(p.data()), addr(g.data()), addr(m.data()), addr(v.data()), bounded ? addr(p0.data()) : 0,
-                    addr(&step), n, 0, k, n};
+                    addr(&step), n, 0, k, n, 0, 0, 0};
   }
 };
 
@@ -100,7 +100,7 @@ TEST(MakeConfig, CopiesTheValuesAndValidatesThem) {
                  "nonfinite must be 0 (skip), 1 (raise) or 2 (propagate), got -1");
   expect_refused([] { luminav::nonfinite_from_name("sometimes"); }, Status::kInvalidArgument,
                  "nonfinite must be \"skip\", \"raise\" or \"propagate\", got \"sometimes\"");
-  expect_refused(config(0, 0.9, 0, 0, 2), Status::kInvalidArgument, "state_dtype must be float32 (0) or bfloat16 (1), got float16 (2)");
+  expect_refused(config(0, 0.9, 0, 0, 2), Status::kInvalidArgument, "state_dtype must be float32 (0), bfloat16 (1) or q8 (3: one-byte codes with a float32 scale a block of 256), got float16 (2)");
 }
 
 TEST(MakeRows, RefusesEachBadRowByIndex) {
@@ -137,6 +137,35 @@ TEST(MakeRows, RefusesEachBadRowByIndex) {
   EXPECT_EQ(rows[0].step, &a.step);
   EXPECT_EQ(rows[0].global_numel, 8);
   EXPECT_EQ(rows[1].numel, 0);
+}
+
+TEST(MakeRows, TakesQ8FieldsOnlyInAQ8GroupAndChecksThem) {
+  HostTensor a(512);
+  float scales[4] = {};
+  auto q8_row = [&](std::int64_t row_len, std::uintptr_t sm, std::uintptr_t sv) {
+    RowTuple r = a.row(0);
+    std::get<10>(r) = sm;
+    std::get<11>(r) = sv;
+    std::get<12>(r) = row_len;
+    return std::vector<RowTuple>{r};
+  };
+  auto refused = [](const std::vector<RowTuple>& rows, bool q8, const std::string& message) {
+    expect_refused([&] { luminav::make_rows(rows, false, q8); }, Status::kInvalidArgument, message);
+  };
+  const std::uintptr_t sm = addr(scales), sv = addr(scales + 2);
+  refused(q8_row(256, sm, sv), false,
+          "row 0: scale addresses or a row_len (256) given, but the group's state dtype is not q8; pass 0, 0, 0 or "
+          "state_dtype q8 (3)");
+  refused(q8_row(0, sm, sv), true, "row 0: q8 row_len must be > 0 and divide numel 512, got 0; pass the elements of one row of the "
+          "parameter (numel / shape[0])");
+  refused(q8_row(300, sm, sv), true, "row 0: q8 row_len must be > 0 and divide numel 512, got 300; pass the elements of one row of the "
+          "parameter (numel / shape[0])");
+  refused(q8_row(256, 0, sv), true, "row 0: a q8 scale address (exp_avg_scale/exp_avg_sq_scale) is 0");
+  refused(q8_row(256, sm, 0), true, "row 0: a q8 scale address (exp_avg_scale/exp_avg_sq_scale) is 0");
+  const std::vector<luminav::TensorRow> rows = luminav::make_rows(q8_row(256, sm, sv), false, true);
+  EXPECT_EQ(rows[0].scale_m, scales);
+  EXPECT_EQ(rows[0].scale_v, scales + 2);
+  EXPECT_EQ(rows[0].row_len, 256);
 }
 
 TEST(PoolFor, SharesOnePoolPerSizeAndRefusesANegativeCount) {

@@ -51,13 +51,20 @@ int cmd_inspect(const BundleOptions& o) {
   const AotManifest m = AotManifest::load(o.bundle);
   print_header(m);
   std::vector<std::vector<std::string>> rows = {
-      {"key", "kernel", "arch", "warps", "stages", "shared", "params", "scratch", "file"}};
+      {"key", "kernel", "dtypes", "arch", "warps", "stages", "shared", "params", "scratch", "file"}};
   for (const auto& k : m.kernels()) {
+    // p:g:s of an update kernel's dtype constexprs ("fp32:fp32:q8": q8 moments, S_DTYPE 3)
+    std::string dtypes;
+    for (const char* name : {"P_DTYPE", "G_DTYPE", "S_DTYPE"}) {
+      const auto it = k.constexprs.find(name);
+      if (it == k.constexprs.end()) continue;
+      dtypes += (dtypes.empty() ? "" : ":") + std::string(dtype_word(static_cast<DType>(it->second)));
+    }
     std::string scratch = "-";
     if (k.global_scratch_size > 0 || k.profile_scratch_size > 0) {
       scratch = std::to_string(k.global_scratch_size) + "/" + std::to_string(k.profile_scratch_size) + " B per CTA";
     }
-    rows.push_back({k.key, k.kernel, k.arch_label(), std::to_string(k.num_warps), std::to_string(k.num_stages),
+    rows.push_back({k.key, k.kernel, dtypes.empty() ? "-" : dtypes, k.arch_label(), std::to_string(k.num_warps), std::to_string(k.num_stages),
                     std::to_string(k.shared_mem), std::to_string(k.signature.size()) + "+" +
                     std::to_string(k.num_trailing_scratch_ptrs), scratch,
                     std::string(k.file_field()) + " " + human_bytes(k.cubin_bytes)});

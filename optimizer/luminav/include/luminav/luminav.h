@@ -58,7 +58,9 @@ typedef enum lv_status {
   LV_STATUS_INTERNAL = 7          /* a broken invariant inside the library */
 } lv_status;
 
-typedef enum lv_dtype { LV_DTYPE_FLOAT32 = 0, LV_DTYPE_BFLOAT16 = 1, LV_DTYPE_FLOAT16 = 2 } lv_dtype;
+/* LV_DTYPE_Q8: a state dtype only (lv_hyperparams.state_dtype): each moment as one uint8 code an
+ * element and a float32 scale a block of 256 (docs/tdclm.md "Quantized moments (q8)"). */
+typedef enum lv_dtype { LV_DTYPE_FLOAT32 = 0, LV_DTYPE_BFLOAT16 = 1, LV_DTYPE_FLOAT16 = 2, LV_DTYPE_Q8 = 3 } lv_dtype;
 typedef enum lv_device_type { LV_DEVICE_CPU = 0, LV_DEVICE_CUDA = 1, LV_DEVICE_HIP = 2 } lv_device_type;
 typedef enum lv_bound_mode { LV_BOUND_NONE = 0, LV_BOUND_ABS = 1, LV_BOUND_REL = 2 } lv_bound_mode;
 typedef enum lv_nonfinite { LV_NONFINITE_SKIP = 0, LV_NONFINITE_RAISE = 1, LV_NONFINITE_PROPAGATE = 2 } lv_nonfinite;
@@ -92,7 +94,8 @@ typedef struct lv_hyperparams {
   int32_t maximize;   /* 0 or 1 */
   int32_t nonfinite;  /* lv_nonfinite */
   int32_t stochastic_rounding; /* 0 or 1 */
-  int32_t state_dtype;         /* LV_DTYPE_FLOAT32 or LV_DTYPE_BFLOAT16 */
+  int32_t state_dtype;         /* LV_DTYPE_FLOAT32, LV_DTYPE_BFLOAT16 or LV_DTYPE_Q8 (every parameter of
+                                  the group then keeps q8 moments, whatever its size) */
 } lv_hyperparams;
 
 /* One parameter. Fill with lv_param_desc_init first. */
@@ -108,6 +111,16 @@ typedef struct lv_param_desc {
   void* exp_avg_sq;   /* optional, as exp_avg */
   void* p_init;       /* optional, as exp_avg but of dtype; used only when bound_mode != none; the
                          optimizer fills it with p before the first update */
+  /* Added after p_init (a caller whose struct_size ends at p_init is still accepted; it cannot
+   * lend q8 scales or give a row_len). q8 moments (the group's state_dtype LV_DTYPE_Q8) only; all
+   * zero/null otherwise. exp_avg and exp_avg_sq then hold numel uint8 codes (lent: set to the
+   * zero codes, 128 for exp_avg and 0 for exp_avg_sq). */
+  void* exp_avg_scale;    /* optional, borrowed as exp_avg and lent with it (both or neither): the
+                             float32 block scales of exp_avg, scale_numel of them, zeroed */
+  void* exp_avg_sq_scale; /* optional, as exp_avg_scale, lent with exp_avg_sq */
+  int64_t scale_numel;    /* float32 values each lent scale buffer holds: must be
+                             numel / row_len * ceil(row_len / 256); 0 when none is lent */
+  int64_t row_len;        /* elements of a block row (numel / shape[0] of a matrix); 0 = numel */
 } lv_param_desc;
 
 /* The library's API version; the C++ API refuses a library whose version differs from

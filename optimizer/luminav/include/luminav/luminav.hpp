@@ -92,6 +92,22 @@ struct ParamRef {
     c.p_init = p_init;
     return *this;
   }
+  // q8 moments (a group of state_dtype LV_DTYPE_Q8): the elements of a block row (0: numel).
+  ParamRef& with_row_len(std::int64_t row_len) {
+    c.row_len = row_len;
+    return *this;
+  }
+  // q8 moments lent by the caller: uint8 codes (set to 128 and 0) and float32 block scales
+  // (zeroed), scale_numel of each (numel / row_len * ceil(row_len / 256)).
+  ParamRef& with_q8_state(std::uint8_t* exp_avg, float* exp_avg_scale, std::uint8_t* exp_avg_sq,
+                          float* exp_avg_sq_scale, std::int64_t scale_numel) {
+    c.exp_avg = exp_avg;
+    c.exp_avg_scale = exp_avg_scale;
+    c.exp_avg_sq = exp_avg_sq;
+    c.exp_avg_sq_scale = exp_avg_sq_scale;
+    c.scale_numel = scale_numel;
+    return *this;
+  }
 };
 
 class Optimizer {

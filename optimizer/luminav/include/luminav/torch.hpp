@@ -73,7 +73,8 @@ class TorchOptimizer {
       : engine_(check_options(groups, options)) {
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
       const std::size_t g = engine_.add_group(groups[gi].hyper);
-      for (std::size_t j = 0; j < groups[gi].params.size(); ++j) add(g, groups[gi].params[j], gi, j);
+      const bool q8 = groups[gi].hyper.c.state_dtype == LV_DTYPE_Q8;
+      for (std::size_t j = 0; j < groups[gi].params.size(); ++j) add(g, groups[gi].params[j], gi, j, q8);
     }
   }
   TorchOptimizer(std::vector<at::Tensor> params, const Hyperparams& hyper = Hyperparams(),
@@ -163,7 +164,9 @@ class TorchOptimizer {
     return "parameter " + std::to_string(j) + " of param group " + std::to_string(group);
   }
 
-  void add(std::size_t g, const at::Tensor& p, std::size_t gi, std::size_t j) {
+  // q8: every parameter of the group keeps q8 moments, in blocks of its rows as Python's
+  // (a matrix of shape (d0, ...) as d0 rows of numel / d0 elements; 1-D: one row).
+  void add(std::size_t g, const at::Tensor& p, std::size_t gi, std::size_t j, bool q8) {
     const std::string name = where(gi, j);
     if (!p.is_contiguous()) {
       throw Error(Status::kInvalidArgument, name + " is not contiguous (strides " + c10::str(p.strides()) +
@@ -173,7 +176,9 @@ class TorchOptimizer {
       if (params_[k].is_same(p)) throw Error(Status::kInvalidArgument, name + " is parameter " + std::to_string(k) + " again");
     }
     const lv_dtype dtype = torch_lv_dtype(p.scalar_type(), name);
-    engine_.add_param(g, ParamRef(p.data_ptr(), dtype, nullptr, dtype, p.numel()));
+    ParamRef ref(p.data_ptr(), dtype, nullptr, dtype, p.numel());
+    if (q8 && p.dim() > 1 && p.size(0) > 0) ref.with_row_len(p.numel() / p.size(0));
+    engine_.add_param(g, ref);
     params_.push_back(p);
     names_.push_back(name);
     data_ptrs_.push_back(p.data_ptr());

@@ -33,6 +33,7 @@
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_numerics.h"
 #include "engine/cpu_philox.h"
+#include "engine/cpu_q8.h"
 #include "engine/cpu_tiles.h"
 #include "engine/thread_pool.h"
 
@@ -278,16 +279,7 @@ LV_TILE_INLINE void pass2_items(const Pass2Work& w, std::int64_t begin, std::int
       }
       // 7. bound (modes 1, 2)
       if (mode != 0) {
-        const float* __restrict p0 = tile_in(cfg.param_dtype, row.p_init, local, nt, tile.p0);
-        float* __restrict q = p;
-        for (int i = 0; i < nt; ++i) {
-          const float r = mode == 1 ? bound : bound * std::sqrt(p0[i] * p0[i] + 1e-4f);
-          const float lo = p0[i] - r;
-          const float hi = p0[i] + r;
-          float x = q[i] < lo ? lo : q[i];
-          x = x > hi ? hi : x;
-          q[i] = x;
-        }
+        bound_tile(mode, bound, nt, tile_in(cfg.param_dtype, row.p_init, local, nt, tile.p0), p);
       }
       // 8. store p (stream 0), rounded to its storage dtype (float32 in place; m and v were
       // stored above)
@@ -407,6 +399,13 @@ bool cache_matches(const DirectionCache& cache, const TensorRow* rows, std::size
 
 void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float* stats,
            std::int32_t* found_inf, ThreadPool& pool, DirectionCache* cache) {
+  if (cfg.state_dtype == DType::kQ8) {  // q8 moments: a q8 block at a time (cpu_q8.cpp), no cache
+    if (cache) cache->ready = false;
+    std::vector<TensorConsts> consts(n);
+    for (std::size_t j = 0; j < n; ++j) consts[j] = tensor_consts(cfg, rows[j]);
+    q8::pass1(cfg, rows, n, consts.data(), stats, found_inf, pool, cpu_isa());
+    return;
+  }
   const auto run = pass1_fn();
   const std::vector<std::int64_t> starts = item_starts(rows, n);
   const std::int64_t items = starts[n];
@@ -479,6 +478,10 @@ void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, float l
   for (std::size_t j = 0; j < n; ++j) {
     consts[j] = tensor_consts(cfg, rows[j]);
     if (use_clip) taus[j] = clip * std::sqrt(stats[j] / static_cast<float>(rows[j].global_numel));
+  }
+  if (cfg.state_dtype == DType::kQ8) {
+    q8::pass2(cfg, rows, n, consts.data(), taus.data(), lr, pool, cpu_isa());
+    return;
   }
   const Pass2Work work{&cfg, rows, starts.data(), n, consts.data(), taus.data(), lr,
                        random_words_fn(cpu_isa()), cache_u, cache_base, cache_m, cache_v};

@@ -39,6 +39,7 @@ LV_TILE_INLINE void load_tile(DType d, const void* base, std::int64_t off, int n
       for (int i = 0; i < n; ++i) out[i] = f16_to_f32(s[i]);
       break;
     }
+    case DType::kQ8: break;  // codes are decoded a q8 block at a time (cpu_quant.h)
   }
 }
 
@@ -63,6 +64,7 @@ LV_TILE_INLINE void store_tile(DType d, void* base, std::int64_t off, int n, con
       for (int i = 0; i < n; ++i) dst[i] = f32_to_f16(in[i]);
       break;
     }
+    case DType::kQ8: break;  // codes are encoded a q8 block at a time (cpu_quant.h)
   }
 }
 
@@ -115,7 +117,8 @@ enum class StateRound { kNone, kBf16Rne, kBf16Sr, kF16Rne };
 
 inline StateRound state_round(const GroupConfig& cfg, const TensorConsts& c) {
   switch (cfg.state_dtype) {
-    case DType::kFloat32: return StateRound::kNone;
+    case DType::kFloat32:
+    case DType::kQ8: return StateRound::kNone;  // q8: m', v' unrounded, then requantized
     case DType::kBFloat16: return c.state_words ? StateRound::kBf16Sr : StateRound::kBf16Rne;
     case DType::kFloat16: break;
   }
@@ -300,6 +303,18 @@ LV_TILE_INLINE void update_tile_tanh_cached(const TensorConsts& c, int n, float 
     v[i] = vi;
   }
   clip_tile(n, tau, decay, lr, u, p, large);
+}
+
+// Step 7 of pass 2, the bound (modes 1 "abs", 2 "rel"), on the tile q of new weights.
+LV_TILE_INLINE void bound_tile(int mode, float bound, int n, const float* __restrict p0, float* __restrict q) {
+  for (int i = 0; i < n; ++i) {
+    const float r = mode == 1 ? bound : bound * std::sqrt(p0[i] * p0[i] + 1e-4f);
+    const float lo = p0[i] - r;
+    const float hi = p0[i] + r;
+    float x = q[i] < lo ? lo : q[i];
+    x = x > hi ? hi : x;
+    q[i] = x;
+  }
 }
 
 LV_TILE_INLINE bool tile_all_finite(const float* g, int n) {

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine/cpu_quant.h"
 #include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
@@ -32,12 +33,68 @@ std::string nonfinite_message(const LaunchGroup& group, std::size_t row) {
 using engine_detail::Device;
 using engine_detail::LaunchGroup;
 
+namespace {
+
+// `bytes` of `value` at device address `dst` (through host chunks of at most 1 MiB).
+void fill_bytes(Device& d, void* dst, std::uint8_t value, std::size_t bytes) {
+  const std::vector<std::uint8_t> chunk(std::min<std::size_t>(bytes, std::size_t{1} << 20), value);
+  for (std::size_t off = 0; off < bytes; off += chunk.size()) {
+    d.from_host(static_cast<std::uint8_t*>(dst) + off, chunk.data(), std::min(chunk.size(), bytes - off));
+  }
+}
+
+[[noreturn]] void refuse(const std::string& msg) { throw Error(Status::kInvalidArgument, msg); }
+
+// A parameter's q8 fields against its group's state dtype: all zero unless q8; under q8 a block
+// row that divides numel, each moment's codes and scales lent together, and scale_numel equal to
+// the blocks the scales hold. Returns the q8 blocks of each moment (0 unless q8).
+std::int64_t check_q8_desc(std::size_t k, const ParamDesc& d, DType state_dtype) {
+  const std::string who = "parameter " + std::to_string(k);
+  if (state_dtype != DType::kQ8) {
+    if (d.exp_avg_scale || d.exp_avg_sq_scale || d.scale_numel || d.row_len) {
+      refuse(who + ": q8 scales, scale_numel or row_len given, but its group's state_dtype is " +
+             dtype_name(state_dtype) + "; leave them 0/null, or add the parameter to a group of state_dtype q8 (3)");
+    }
+    return 0;
+  }
+  if (d.row_len < 0) refuse(who + ": row_len must be >= 0 (0: one row of numel), got " + std::to_string(d.row_len));
+  const std::int64_t row_len = d.row_len > 0 ? d.row_len : std::max<std::int64_t>(d.numel, 1);
+  if (d.numel % row_len != 0) {
+    refuse(who + ": row_len " + std::to_string(row_len) + " does not divide numel " + std::to_string(d.numel) +
+           "; pass the elements of one row (numel / shape[0]), or 0 for one row");
+  }
+  const std::int64_t blocks = cpu::quant::num_blocks(d.numel, row_len);
+  const char* names[2][2] = {{"exp_avg", "exp_avg_scale"}, {"exp_avg_sq", "exp_avg_sq_scale"}};
+  const bool codes[2] = {d.exp_avg != nullptr, d.exp_avg_sq != nullptr};
+  const bool scales[2] = {d.exp_avg_scale != nullptr, d.exp_avg_sq_scale != nullptr};
+  for (int i = 0; i < 2; ++i) {
+    if (codes[i] != scales[i]) {
+      refuse(who + ": q8 " + names[i][codes[i] ? 1 : 0] + " is null but " + names[i][codes[i] ? 0 : 1] +
+             " is lent; lend a moment's codes and scales together, or neither (the optimizer allocates both)");
+    }
+  }
+  if (scales[0] || scales[1]) {
+    if (d.scale_numel != blocks) {
+      refuse(who + ": the lent q8 scales must hold " + std::to_string(blocks) + " float32 values each (numel " +
+             std::to_string(d.numel) + " in rows of " + std::to_string(row_len) + ", ceil(row_len / 256) blocks a row), " +
+             "scale_numel is " + std::to_string(d.scale_numel) + "; lend buffers of that size and set scale_numel");
+    }
+  } else if (d.scale_numel != 0) {
+    refuse(who + ": scale_numel is " + std::to_string(d.scale_numel) + " but no q8 scales are lent; leave it 0");
+  }
+  return blocks;
+}
+
+}  // namespace
+
 Engine::Impl::~Impl() {
   if (!device) return;
   for (auto& p : params) {
     if (p.own_m) device->release(p.m);
     if (p.own_v) device->release(p.v);
     if (p.own_p0) device->release(p.p0);
+    if (p.own_sm) device->release(p.sm);
+    if (p.own_sv) device->release(p.sv);
   }
   if (steps) device->release(steps);
 }
@@ -104,6 +161,9 @@ void Engine::Impl::rebuild() {
       row.elem_offset = 0;
       row.param_index = static_cast<std::int64_t>(k);
       row.global_numel = p.desc.numel;
+      row.scale_m = p.sm;
+      row.scale_v = p.sv;
+      row.row_len = p.row_len;
       launch[it->second].rows.push_back(row);
     }
   }
@@ -182,9 +242,11 @@ std::size_t Engine::add_param(std::size_t group, const ParamDesc& desc) {
     throw Error(Status::kInvalidArgument, "parameter " + std::to_string(k) + " has numel " + std::to_string(desc.numel) +
                                               " but a null data pointer; pass its storage");
   }
+  const std::int64_t q8_blocks = check_q8_desc(k, desc, g.hyper.state_dtype);
   Impl::Param p;
   p.group = group;
   p.desc = desc;
+  if (g.hyper.state_dtype == DType::kQ8) p.row_len = desc.row_len > 0 ? desc.row_len : std::max<std::int64_t>(desc.numel, 1);
   const std::size_t state_bytes = static_cast<std::size_t>(desc.numel) * dtype_size(g.hyper.state_dtype);
   const std::size_t param_bytes = static_cast<std::size_t>(desc.numel) * dtype_size(desc.dtype);
   const bool bounded = g.hyper.bound_mode != BoundMode::kNone;
@@ -198,6 +260,8 @@ std::size_t Engine::add_param(std::size_t group, const ParamDesc& desc) {
       if (p->own_m) d->release(p->m);
       if (p->own_v) d->release(p->v);
       if (p->own_p0) d->release(p->p0);
+      if (p->own_sm) d->release(p->sm);
+      if (p->own_sv) d->release(p->sv);
     }
   } guard{s.device.get(), &p};
   if (desc.numel > 0) {
@@ -206,12 +270,21 @@ std::size_t Engine::add_param(std::size_t group, const ParamDesc& desc) {
     } else {
       p.m = s.device->alloc(state_bytes);
       p.own_m = true;
+      // q8: a fresh m holds its zero code (128); alloc zero-fills, which is v's zero code
+      if (g.hyper.state_dtype == DType::kQ8) fill_bytes(*s.device, p.m, cpu::quant::kZeroCodeM, state_bytes);
     }
     if (desc.exp_avg_sq) {
       p.v = desc.exp_avg_sq;
     } else {
       p.v = s.device->alloc(state_bytes);
       p.own_v = true;
+    }
+    if (g.hyper.state_dtype == DType::kQ8) {
+      const std::size_t scale_bytes = static_cast<std::size_t>(q8_blocks) * sizeof(float);
+      p.sm = desc.exp_avg_scale ? desc.exp_avg_scale : static_cast<float*>(s.device->alloc(scale_bytes));
+      p.own_sm = desc.exp_avg_scale == nullptr;
+      p.sv = desc.exp_avg_sq_scale ? desc.exp_avg_sq_scale : static_cast<float*>(s.device->alloc(scale_bytes));
+      p.own_sv = desc.exp_avg_sq_scale == nullptr;
     }
     if (bounded) {
       if (desc.p_init) {

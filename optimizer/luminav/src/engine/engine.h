@@ -19,23 +19,27 @@
 
 namespace luminav {
 
-// Storage dtypes; the values are the kernels' dtype codes (docs/internals.md).
-enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+// Storage dtypes; the values are the kernels' dtype codes (docs/internals.md). kQ8 (code 3, the
+// kernels' S_DTYPE of q8 moments, kernels/layout.py S_DTYPE_Q8) is a state dtype only: uint8
+// codes with a float32 scale a block of 256 (docs/tdclm.md "Quantized moments (q8)").
+enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kQ8 = 3 };
 enum class BoundMode : int { kNone = 0, kAbs = 1, kRel = 2 };
 enum class NonFinite : int { kSkip = 0, kRaise = 1, kPropagate = 2 };
 enum class DeviceType : int { kCpu = 0, kCuda = 1, kHip = 2 };
 
-// Every value of each enum, in code order (the contract constants of the bindings list them).
+// Every value of each enum, in code order (the contract constants of the bindings list them);
+// kDTypes: the element dtypes (kQ8 is a state dtype only).
 constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 constexpr BoundMode kBoundModes[] = {BoundMode::kNone, BoundMode::kAbs, BoundMode::kRel};
 constexpr NonFinite kNonFinites[] = {NonFinite::kSkip, NonFinite::kRaise, NonFinite::kPropagate};
 
-const char* dtype_name(DType d) noexcept;            // "float32", "bfloat16", "float16"
-const char* dtype_word(DType d) noexcept;            // "fp32", "bf16", "fp16" (Triton; `aot build --dtypes`)
-std::size_t dtype_size(DType d) noexcept;            // 4, 2, 2
+const char* dtype_name(DType d) noexcept;            // "float32", "bfloat16", "float16", "q8"
+const char* dtype_word(DType d) noexcept;            // "fp32", "bf16", "fp16", "q8" (Triton; `aot build --dtypes`)
+std::size_t dtype_size(DType d) noexcept;            // 4, 2, 2, 1 (q8: a code; its scales apart)
 const char* bound_mode_name(BoundMode m) noexcept;   // "none", "abs", "rel" (Python's bound_mode)
 const char* nonfinite_name(NonFinite n) noexcept;    // "skip", "raise", "propagate" (Python's nonfinite)
-DType dtype_from_int(int code, const char* what);    // throws kInvalidArgument naming `what`
+DType dtype_from_int(int code, const char* what);    // 0-2; throws kInvalidArgument naming `what`
+DType state_dtype_from_int(int code);                // 0, 1 or 3 (q8); throws kInvalidArgument
 BoundMode bound_mode_from_int(int code);
 NonFinite nonfinite_from_int(int code);
 NonFinite nonfinite_from_name(const std::string& name);  // Python's "skip", "raise", "propagate"
@@ -72,6 +76,12 @@ struct TensorRow {
   std::int64_t elem_offset = 0;  // global flat index of the first local element
   std::int64_t param_index = 0;  // k
   std::int64_t global_numel = 0; // n of the RMS
+  // q8 moments (state dtype kQ8; null/0 otherwise): exp_avg and exp_avg_sq hold uint8 codes,
+  // these the float32 block scales of m and v (row-major [numel / row_len, ceil(row_len / 256)])
+  // and row_len the elements of a block row (K: the table's columns 18-20).
+  float* scale_m = nullptr;
+  float* scale_v = nullptr;
+  std::int64_t row_len = 0;
 };
 
 // The constants of a launch group that the passes read (lr is passed per call).
@@ -116,6 +126,14 @@ struct ParamDesc {
   void* exp_avg = nullptr;       // optional borrowed m (state_dtype, numel); null: allocated
   void* exp_avg_sq = nullptr;    // optional borrowed v
   void* p_init = nullptr;        // optional borrowed p0 (param dtype); used when bounded
+  // q8 moments (the group's state_dtype kQ8): exp_avg and exp_avg_sq hold numel uint8 codes
+  // (lent: filled with the zero codes, 128 for m and 0 for v), these their float32 block scales
+  // (lent with the codes, zeroed: scale_numel floats each, numel / row_len * ceil(row_len / 256)),
+  // row_len the elements of a block row (0: numel, one row). All zero for other state dtypes.
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
+  std::int64_t scale_numel = 0;
+  std::int64_t row_len = 0;
 };
 
 class Engine {

@@ -19,7 +19,10 @@ struct Engine::Impl {
     void* m = nullptr;
     void* v = nullptr;
     void* p0 = nullptr;
-    bool own_m = false, own_v = false, own_p0 = false;
+    float* sm = nullptr;  // q8: the block scales of m and v, and the block row's elements
+    float* sv = nullptr;
+    std::int64_t row_len = 0;
+    bool own_m = false, own_v = false, own_p0 = false, own_sm = false, own_sv = false;
     bool p0_ready = false;
   };
   struct Group {

@@ -20,13 +20,32 @@ T* ptr(std::uintptr_t a) {
 
 [[noreturn]] void invalid(const std::string& msg) { throw Error(Status::kInvalidArgument, msg); }
 
+// A row's q8 fields: a block row that divides the tensor and both scale addresses in a q8 group,
+// all three 0 in another.
+void check_q8_fields(const std::string& who, const TensorRow& t, bool q8) {
+  if (!q8) {
+    if (t.scale_m || t.scale_v || t.row_len) {
+      invalid(who + ": scale addresses or a row_len (" + std::to_string(t.row_len) +
+              ") given, but the group's state dtype is not q8; pass 0, 0, 0 or state_dtype q8 (3)");
+    }
+    return;
+  }
+  if (t.row_len <= 0 || t.numel % t.row_len != 0) {
+    invalid(who + ": q8 row_len must be > 0 and divide numel " + std::to_string(t.numel) + ", got " +
+            std::to_string(t.row_len) + "; pass the elements of one row of the parameter (numel / shape[0])");
+  }
+  if (t.numel > 0 && (!t.scale_m || !t.scale_v)) {
+    invalid(who + ": a q8 scale address (exp_avg_scale/exp_avg_sq_scale) is 0");
+  }
+}
+
 }  // namespace
 
 GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, const Hyper& hyper, std::uint64_t seed) {
   GroupConfig cfg;
   cfg.param_dtype = dtype_from_int(param_dtype, "param_dtype");
   cfg.grad_dtype = dtype_from_int(grad_dtype, "grad_dtype");
-  cfg.state_dtype = dtype_from_int(state_dtype, "state_dtype");
+  cfg.state_dtype = state_dtype_from_int(state_dtype);
   Hyper& h = cfg.hyper;
   h = hyper;
   h.lr = 0.0;
@@ -36,7 +55,7 @@ GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, const 
   return cfg;
 }
 
-std::vector<TensorRow> make_rows(const std::vector<RowTuple>& rows, bool bounded) {
+std::vector<TensorRow> make_rows(const std::vector<RowTuple>& rows, bool bounded, bool q8) {
   std::vector<TensorRow> out;
   out.reserve(rows.size());
   for (std::size_t j = 0; j < rows.size(); ++j) {
@@ -52,6 +71,9 @@ std::vector<TensorRow> make_rows(const std::vector<RowTuple>& rows, bool bounded
     t.elem_offset = std::get<7>(r);
     t.param_index = std::get<8>(r);
     t.global_numel = std::get<9>(r);
+    t.scale_m = ptr<float>(std::get<10>(r));
+    t.scale_v = ptr<float>(std::get<11>(r));
+    t.row_len = std::get<12>(r);
     const std::string who = "row " + std::to_string(j);
     if (t.numel < 0) invalid(who + ": numel must be >= 0, got " + std::to_string(t.numel));
     if (!t.step) invalid(who + ": the step counter address is 0");
@@ -63,6 +85,7 @@ std::vector<TensorRow> make_rows(const std::vector<RowTuple>& rows, bool bounded
       invalid(who + ": global_numel " + std::to_string(t.global_numel) + " < elem_offset + numel = " +
               std::to_string(t.elem_offset + t.numel));
     }
+    check_q8_fields(who, t, q8);
     out.push_back(t);
   }
   return out;
@@ -82,7 +105,9 @@ std::shared_ptr<cpu::ThreadPool> pool_for(int num_threads) {
 // CpuGroup
 
 CpuGroup::CpuGroup(const GroupConfig& cfg, const std::vector<RowTuple>& rows, int num_threads)
-    : cfg_(cfg), rows_(make_rows(rows, cfg.hyper.bound_mode != BoundMode::kNone)), pool_(pool_for(num_threads)) {}
+    : cfg_(cfg),
+      rows_(make_rows(rows, cfg.hyper.bound_mode != BoundMode::kNone, cfg.state_dtype == DType::kQ8)),
+      pool_(pool_for(num_threads)) {}
 
 void CpuGroup::pass1(std::uintptr_t stats, std::uintptr_t found_inf) {
   cpu::pass1(cfg_, rows_.data(), rows_.size(), ptr<float>(stats), ptr<std::int32_t>(found_inf), *pool_,

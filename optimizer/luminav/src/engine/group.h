@@ -23,9 +23,12 @@
 namespace luminav {
 
 // One table row as Python hands it over: (param, grad, exp_avg, exp_avg_sq, p_init, step,
-// numel, elem_offset, param_index, global_numel), addresses as ints.
+// numel, elem_offset, param_index, global_numel, scale_m, scale_v, row_len), addresses as ints;
+// the last three are q8 moments' (the float32 block scales of m and v, the elements of a block
+// row), 0, 0, 0 for other state dtypes.
 using RowTuple = std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t,
-                            std::uintptr_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+                            std::uintptr_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                            std::uintptr_t, std::uintptr_t, std::int64_t>;
 
 // A launch group's constants: the dtype codes (ints, as Python hands them over), the
 // hyperparameters (one record; its lr and state_dtype are set here: lr comes with each step) and
@@ -35,8 +38,10 @@ GroupConfig make_config(int param_dtype, int grad_dtype, int state_dtype, const 
 
 // Rows from their tuples. Refuses, with Error(kInvalidArgument) naming the row: numel < 0, a
 // step counter address 0, a param/grad/exp_avg/exp_avg_sq address 0 where numel > 0, a p_init
-// address 0 where `bounded` and numel > 0, global_numel < elem_offset + numel.
-std::vector<TensorRow> make_rows(const std::vector<RowTuple>& rows, bool bounded);
+// address 0 where `bounded` and numel > 0, global_numel < elem_offset + numel; with `q8` (the
+// group's state dtype is q8) a row_len <= 0 or not dividing numel, or a scale address 0 where
+// numel > 0; without, any of the three q8 fields not 0.
+std::vector<TensorRow> make_rows(const std::vector<RowTuple>& rows, bool bounded, bool q8 = false);
 
 // The worker pool of `num_threads` threads (0: one per hardware thread), made on first use and
 // shared by every group of the process. Throws Error(kInvalidArgument) for num_threads < 0.

@@ -15,6 +15,17 @@ namespace gpu {
 
 namespace {
 std::int64_t address(const void* p) { return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p)); }
+
+// The programs of one tensor: ceil(numel / kBlock); a q8 tensor's (row_len > 0) each own whole
+// q8 blocks, kBlock / 256 consecutive ones in (row, block) order: ceil(rows * nb / (kBlock / 256)).
+std::int64_t programs(const TensorRow& r) {
+  if (r.row_len > 0) {
+    constexpr std::int64_t per = kBlock / kQ8Block;
+    const std::int64_t nb = (r.row_len + kQ8Block - 1) / kQ8Block;
+    return (r.numel / r.row_len * nb + per - 1) / per;
+  }
+  return (r.numel + kBlock - 1) / kBlock;
+}
 }  // namespace
 
 // The constexprs of each kernel a group launches (the kernels' own names, as the catalog and the
@@ -69,7 +80,10 @@ HostTables build_tables(const TensorRow* rows, std::size_t n) {
     row[kColParamIndex] = r.param_index;
     row[kColGlobalNumel] = r.global_numel;
     // column 11 and the step-constant cache (kColCache..17) start at zero: no cached step
-    start += (r.numel + kBlock - 1) / kBlock;
+    row[kColExpAvgScale] = address(r.scale_m);
+    row[kColExpAvgSqScale] = address(r.scale_v);
+    row[kColRowLen] = r.row_len;
+    start += programs(r);
   }
   if (start > 0x7FFFFFFF) {
     throw Error(Status::kInvalidArgument, "a launch group of " + std::to_string(start) +
@@ -79,7 +93,7 @@ HostTables build_tables(const TensorRow* rows, std::size_t n) {
   t.block_map.resize(static_cast<std::size_t>(start));
   for (std::size_t j = 0; j < n; ++j) {
     const std::int64_t b0 = t.table[j * kTableCols + kColBlockStart];
-    const std::int64_t nb = (rows[j].numel + kBlock - 1) / kBlock;
+    const std::int64_t nb = programs(rows[j]);
     for (std::int64_t b = 0; b < nb; ++b) t.block_map[static_cast<std::size_t>(b0 + b)] = static_cast<std::int32_t>(j);
   }
   return t;

@@ -37,6 +37,10 @@ constexpr int kColParam = 0, kColGrad = 1, kColExpAvg = 2, kColExpAvgSq = 3, kCo
 constexpr int kColNumel = 6, kColBlockStart = 7, kColElemOffset = 8, kColParamIndex = 9, kColGlobalNumel = 10;
 constexpr int kColCache = 12;
 constexpr int kColExpAvgScale = 18, kColExpAvgSqScale = 19, kColRowLen = 20;
+// Elements of a q8 block (kernels/layout.py Q8_BLOCK): a program of a q8 tensor owns kBlock /
+// kQ8Block whole q8 blocks.
+constexpr int kQ8Block = 256;
+static_assert(kBlock % kQ8Block == 0, "a program owns whole q8 blocks");
 
 // Every pointer a bundle kernel is handed must be a multiple of this many bytes: the kernels are
 // compiled with 16-byte divisibility hints on their pointers (kernels/layout.py ALIGN_BYTES).
@@ -58,7 +62,8 @@ struct HostTables {
   std::vector<std::int32_t> block_map;
   std::int64_t nblocks = 0;
 };
-// `rows` hold device addresses; throws kInvalidArgument for more than 2^31-1 blocks.
+// `rows` hold device addresses; a row with row_len > 0 is a q8 tensor's (columns 18-20, and
+// programs of whole q8 blocks). Throws kInvalidArgument for more than 2^31-1 blocks.
 HostTables build_tables(const TensorRow* rows, std::size_t n);
 
 // The scalar arguments of a group's pass 1 and update kernels (internals.md), rounded once.

@@ -1,10 +1,14 @@
 // src/engine/state_io.cpp: an Engine's state as bytes (format LVSTATE1: seed, skipped count, per
 // parameter its step, moments and p_init), exported and imported with every field checked
+//
+// A parameter of q8 moments (state dtype 3) stores its uint8 codes as the moments, then its block
+// row's length (int64) and the float32 block scales of m and of v.
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "engine/cpu_quant.h"
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
 
@@ -53,6 +57,11 @@ struct Reader {
     return p;
   }
 };
+
+// Bytes of each moment's q8 scales (0 unless q8).
+std::size_t scale_bytes(std::int64_t numel, std::int64_t row_len) {
+  return static_cast<std::size_t>(cpu::quant::num_blocks(numel, row_len)) * sizeof(float);
+}
 }  // namespace
 
 std::vector<std::uint8_t> Engine::export_state() const {
@@ -81,6 +90,14 @@ std::vector<std::uint8_t> Engine::export_state() const {
     if (sb) {
       s.device->to_host(w.grow(sb), p.m, sb);
       s.device->to_host(w.grow(sb), p.v, sb);
+    }
+    if (sd == DType::kQ8) {
+      w.put(p.row_len);
+      const std::size_t qb = scale_bytes(p.desc.numel, p.row_len);
+      if (qb) {
+        s.device->to_host(w.grow(qb), p.sm, qb);
+        s.device->to_host(w.grow(qb), p.sv, qb);
+      }
     }
     if (has_p0 && pb) s.device->to_host(w.grow(pb), p.p0, pb);
   }
@@ -115,7 +132,7 @@ void Engine::import_state(const std::uint8_t* data, std::size_t size) {
   if (skipped < 0) throw Error(Status::kInvalidArgument, "optimizer state has a negative skipped count " + std::to_string(skipped));
   struct Entry {
     std::int64_t step;
-    const std::uint8_t *m, *v, *p0;
+    const std::uint8_t *m, *v, *p0, *sm, *sv;
   };
   std::vector<Entry> entries(s.params.size());
   for (std::size_t k = 0; k < s.params.size(); ++k) {
@@ -148,10 +165,23 @@ void Engine::import_state(const std::uint8_t* data, std::size_t size) {
     }
     const std::size_t sb = static_cast<std::size_t>(numel) * dtype_size(want_sd);
     const std::size_t pb = static_cast<std::size_t>(numel) * dtype_size(p.desc.dtype);
-    Entry e{step, nullptr, nullptr, nullptr};
+    Entry e{step, nullptr, nullptr, nullptr, nullptr, nullptr};
     if (sb) {
       e.m = r.bytes(sb, "exp_avg");
       e.v = r.bytes(sb, "exp_avg_sq");
+    }
+    if (want_sd == DType::kQ8) {
+      const auto row_len = r.get<std::int64_t>("q8 row_len");
+      if (row_len != p.row_len) {
+        throw Error(Status::kInvalidArgument, "optimizer state does not fit " + who + ": its q8 blocks are rows of " +
+                                                  std::to_string(row_len) + " elements, the optimizer's of " +
+                                                  std::to_string(p.row_len) + "; add the parameter with the same row_len");
+      }
+      const std::size_t qb = scale_bytes(numel, row_len);
+      if (qb) {
+        e.sm = r.bytes(qb, "exp_avg_scale");
+        e.sv = r.bytes(qb, "exp_avg_sq_scale");
+      }
     }
     if (has_p0 && pb) e.p0 = r.bytes(pb, "p_init");
     entries[k] = e;
@@ -170,6 +200,11 @@ void Engine::import_state(const std::uint8_t* data, std::size_t size) {
     if (sb) {
       s.device->from_host(p.m, e.m, sb);
       s.device->from_host(p.v, e.v, sb);
+    }
+    if (e.sm) {
+      const std::size_t qb = scale_bytes(p.desc.numel, p.row_len);
+      s.device->from_host(p.sm, e.sm, qb);
+      s.device->from_host(p.sv, e.sv, qb);
     }
     if (e.p0) s.device->from_host(p.p0, e.p0, static_cast<std::size_t>(p.desc.numel) * dtype_size(p.desc.dtype));
     p.p0_ready = e.p0 != nullptr;

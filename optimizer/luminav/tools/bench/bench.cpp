@@ -2,7 +2,7 @@
 // time a step costs
 //
 //   luminav bench BUNDLE|- [--device cuda|cpu] [--device-index N] [--groups G] [--tensors T]
-//                 [--numel N | --shapes gpt2] [--dtype fp32|bf16] [--state-dtype fp32|bf16]
+//                 [--numel N | --shapes gpt2] [--dtype fp32|bf16] [--state-dtype fp32|bf16|q8]
 //                 [--clip C] [--nonfinite skip|propagate] [--bound none|abs|rel]
 //                 [--steps S] [--warmup W] [--threads N] [--csv FILE]
 //

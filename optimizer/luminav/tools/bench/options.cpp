@@ -24,7 +24,8 @@ const char* const kBenchUsage =
     "  --shapes gpt2              GPT-2 small's 148 tensors (124.4M elements) split into G groups,\n"
     "                             instead of --tensors/--numel\n"
     "  --dtype fp32|bf16          params and grads (default fp32)\n"
-    "  --state-dtype fp32|bf16    moments (default fp32)\n"
+    "  --state-dtype fp32|bf16|q8 moments (default fp32; q8: one byte an element and a float32\n"
+    "                             scale a block of 256, each tensor one row)\n"
     "  --clip C                   soft-clip threshold, 0 = off (default 4)\n"
     "  --nonfinite skip|propagate (default skip)\n"
     "  --bound none|abs|rel       (default none)\n"
@@ -50,6 +51,13 @@ DType parse_dtype(const std::string& flag, const std::string& value) {
   if (value == "fp32" || value == "float32") return DType::kFloat32;
   if (value == "bf16" || value == "bfloat16") return DType::kBFloat16;
   throw UsageError{flag + " takes fp32 or bf16, got \"" + value + "\""};
+}
+
+// --state-dtype: the param dtypes, and q8 (one-byte codes with a float32 scale a block of 256).
+DType parse_state_dtype(const std::string& flag, const std::string& value) {
+  if (value == "q8") return DType::kQ8;
+  if (value == "fp32" || value == "float32" || value == "bf16" || value == "bfloat16") return parse_dtype(flag, value);
+  throw UsageError{flag + " takes fp32, bf16 or q8, got \"" + value + "\""};
 }
 
 }  // namespace
@@ -81,7 +89,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     } else if (a == "--dtype") {
       o.dtype = parse_dtype(a, cursor.value());
     } else if (a == "--state-dtype") {
-      o.state_dtype = parse_dtype(a, cursor.value());
+      o.state_dtype = parse_state_dtype(a, cursor.value());
     } else if (a == "--clip") {
       o.clip = parse_clip(a, cursor.value());
     } else if (a == "--nonfinite") {

@@ -21,8 +21,9 @@ __all__ = ["BACKEND_NAMES", "BackendUnavailableError", "aot_bundle_dir", "get_ba
            "select_backend"]
 
 # The backends that step q8 moments (state_dtype="q8"); "auto" falls back to the reference
-# backend for them where its first choice does not.
-Q8_BACKENDS = ("reference",)
+# backend for them where its first choice does not (on CPU it picks the cpu engine, as for
+# other groups).
+Q8_BACKENDS = ("reference", "cpu", "aot")
 
 _FIXES = {
     "triton": "install Triton (pip install 'luminamoon[triton]'), or pass backend='reference'",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.layout import DTYPE_CODES
+from ...kernels.layout import DTYPE_CODES, S_DTYPE_Q8
+from ...kernels.quant import Q8
 from .._groups import LaunchGroup
 
 try:
@@ -24,12 +25,13 @@ __all__ = ["_luminav", "group_config", "lr_value"]
 
 def group_config(group: LaunchGroup):
     """The group's constants as the engine takes them (lr excluded): one
-    ``_luminav.GroupConfig`` of the dtype codes, the hyperparameter record (optimizer/_groups.
+    ``_luminav.GroupConfig`` of the dtype codes (q8 moments: S_DTYPE_Q8), the hyperparameter record (optimizer/_groups.
     Hyper, read field by field in C++ as engine/engine.h's Hyper) and the seed; validated there,
     built once per launch group."""
+    state = S_DTYPE_Q8 if group.state_dtype == Q8 else DTYPE_CODES[group.state_dtype]
     return _luminav.GroupConfig(
-        (DTYPE_CODES[group.param_dtype], DTYPE_CODES[group.grad_dtype],
-         DTYPE_CODES[group.state_dtype]), group.hyper, int(group.seed))
+        (DTYPE_CODES[group.param_dtype], DTYPE_CODES[group.grad_dtype], state), group.hyper,
+        int(group.seed))
 
 
 def lr_value(lr) -> float:

@@ -16,6 +16,7 @@ import os
 import torch
 
 from ...kernels.layout import DTYPE_CODES
+from ...kernels.quant import Q8
 from .._groups import LaunchGroup
 from ._native import _luminav, group_config
 from ._tables import TableState, step_state
@@ -23,7 +24,9 @@ from .base import Backend
 
 __all__ = ["AotBackend"]
 
-_STATES = (torch.float32, torch.bfloat16)
+# q8 groups launch the bundle's q8 variants (S_DTYPE 3); a bundle without them is refused by
+# name when the group is built (the variant key, the arch and the `aot build` that adds them).
+_STATES = (torch.float32, torch.bfloat16, Q8)
 
 
 class _AotState(TableState):
@@ -35,11 +38,20 @@ class _AotState(TableState):
         super().__init__(group, "aot", align=_luminav.ALIGN_BYTES, block=_luminav.GPU_BLOCK)
         device = group.device
         index = device.index if device.index is not None else torch.cuda.current_device()
-        if torch.version.hip:  # the same launches through HIP, for the device's gfx arch
-            arch = torch.cuda.get_device_properties(index).gcnArchName
-            self.kernels = _luminav.HipAotGroup(bundle_dir, index, arch, group_config(group))
-        else:
-            self.kernels = _luminav.AotGroup(bundle_dir, index, group_config(group))
+        try:
+            if torch.version.hip:  # the same launches through HIP, for the device's gfx arch
+                arch = torch.cuda.get_device_properties(index).gcnArchName
+                self.kernels = _luminav.HipAotGroup(bundle_dir, index, arch, group_config(group))
+            else:
+                self.kernels = _luminav.AotGroup(bundle_dir, index, group_config(group))
+        except LookupError as exc:
+            if group.state_dtype != Q8:
+                raise
+            raise LookupError(
+                f"aot backend: bundle {bundle_dir} has no q8 variants (state_dtype='q8', S_DTYPE "
+                f"3) for this group: {exc}. Fix: rebuild the bundle with q8 variants, or "
+                f"backend='reference' for q8 groups, or state_dtype=torch.float32 or "
+                f"torch.bfloat16") from exc
         self.lr_bound = 0  # the lr address pass 2 is bound to; 0: the launches are not bound yet
 
     def launches(self, found_inf: torch.Tensor, device: torch.device):

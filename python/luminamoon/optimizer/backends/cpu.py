@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...kernels.layout import DTYPE_CODES
+from ...kernels.quant import Q8
 from .._groups import LaunchGroup
 from ._native import _luminav, group_config, lr_value
 from ._tables import TableState, host_rows, step_state
@@ -17,7 +18,8 @@ from .base import Backend
 
 __all__ = ["CpuBackend"]
 
-_STATES = (torch.float32, torch.bfloat16)
+# q8: one-byte codes with float32 block scales (docs/tdclm.md "Quantized moments (q8)")
+_STATES = (torch.float32, torch.bfloat16, Q8)
 
 
 class _CpuState(TableState):
@@ -49,7 +51,7 @@ class CpuBackend(Backend):
             raise ValueError(
                 f"cpu backend: group on {group.device} with param {group.param_dtype}, grad "
                 f"{group.grad_dtype}, state {group.state_dtype} is not supported; it needs "
-                "CPU tensors of float32/bfloat16/float16 and float32/bfloat16 states")
+                "CPU tensors of float32/bfloat16/float16 and float32/bfloat16/q8 states")
         return _CpuState(group, self.num_threads)
 
     def _state(self, group: LaunchGroup, found_inf: torch.Tensor) -> _CpuState:
