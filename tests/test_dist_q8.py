@@ -46,18 +46,19 @@ CONFIGS = {
     "bf16-clip": dict(dtype=torch.bfloat16, bad=(2, math.nan),
                       cfg=dict(clip=1.0, bound_mode="rel", bound=0.5)),
 }
-PLACEMENTS_2 = {"S0": ("S0",), "S1": ("S1",), "S2": ("S2",), "R": ("R",)}  # mesh (2,)
-PLACEMENTS_4 = {"S0": ("S0",), "S1": ("S1",)}  # mesh (4,)
-PLACEMENTS_2x2 = {"S0-S1": ("S0", "S1"), "R-S0": ("R", "S0"), "S1-S0": ("S1", "S0")}
+# placement (one name a mesh dim) -> the shapes it is run on, each under every config
+PLACEMENTS_2 = {  # mesh (2,)
+    ("S0",): ("vec", "mat", "wide", "cube", "row"), ("S1",): ("mat", "wide", "cube", "row"),
+    ("S2",): ("cube",), ("R",): ("wide",)}
+PLACEMENTS_4 = {("S0",): ("vec", "mat", "row"), ("S1",): ("wide", "cube")}  # mesh (4,)
+PLACEMENTS_2x2 = {  # mesh (2, 2): FSDP2 over TP's Shard(1), HSDP, and the reverse order
+    ("S0", "S1"): ("mat", "wide", "cube"), ("R", "S0"): ("vec", "row"),
+    ("S1", "S0"): ("wide", "cube")}
 
 
 def _placements(names):
     _, Shard, Replicate, _ = dtensor_api()
     return [Replicate() if n == "R" else Shard(int(n[1:])) for n in names]
-
-
-def _fits(names, shape) -> bool:
-    return all(n == "R" or int(n[1:]) < len(shape) for n in names)
 
 
 def _data(shape_name, cname):
@@ -95,14 +96,10 @@ def _run(make, shape_name, cname, **extra):
 def _placement_runs(mesh, placements):
     _, _, _, distribute_tensor = dtensor_api()
     out = {}
-    for pname, names in placements.items():
-        for shape_name, shape in SHAPES.items():
-            if not _fits(names, shape):
-                continue
-            pl = _placements(names)
-            for cname in CONFIGS:
-                make = lambda t: distribute_tensor(t, mesh, pl)  # noqa: E731
-                out[(pname, shape_name, cname)] = _run(make, shape_name, cname)
+    for pname, shape_name, cname in _cases(placements):
+        pl = _placements(pname.split("-"))
+        make = lambda t: distribute_tensor(t, mesh, pl)  # noqa: E731
+        out[(pname, shape_name, cname)] = _run(make, shape_name, cname)
     return out
 
 
@@ -350,6 +347,52 @@ def _fsdp(mesh):
             "placements": [tuple(p.placements) for p in model.parameters()]}
 
 
+class _Mlp(torch.nn.Module):
+    """FSDP2 over tensor parallelism: fc Colwise (its weight (_StridedShard(0), Shard(0)):
+    whole rows, scales placed alike), out Rowwise (its weight (Shard(0), Shard(1)): cut
+    blocks); widths even over the ranks (docs/distributed.md, "Limits")."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.fc = torch.nn.Linear(64, 128)
+        self.out = torch.nn.Linear(128, 40)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.fc(x)))
+
+
+def _fsdp_tp():
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    from luminamoon import LuminaMoon
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = _Mlp()
+    parallelize_module(model, mesh["tp"], {"fc": ColwiseParallel(), "out": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    opt = LuminaMoon(model.parameters(), **FSDP_HYPER)
+    grads = []
+    for step in range(FSDP_STEPS):
+        opt.zero_grad(set_to_none=True)
+        gen = torch.Generator().manual_seed(10 * step + mesh["dp"].get_local_rank())
+        model(torch.randn(6, 64, generator=gen)).square().mean().backward()
+        grads.append([_whole(p.grad).clone() for p in model.parameters()])
+        opt.step()
+    return {"grads": grads, "params": [_whole(p.detach()) for p in model.parameters()],
+            "state": [{k: (int(v) if k == "step" else _whole(v)) for k, v in opt.state[p].items()}
+                      for p in model.parameters()],
+            "placements": [str(tuple(p.placements)) for p in model.parameters()],
+            "scale placements": [str(tuple(opt.state[p]["exp_avg_scale"].placements))
+                                 for p in (model.fc.weight, model.out.weight)]}
+
+
 # ---------------------------------------------------------------------------------------------
 # the two launches
 # ---------------------------------------------------------------------------------------------
@@ -360,6 +403,8 @@ def _four(rank, ckpt, out_path):
     mesh = init_device_mesh("cpu", (2, 2))
     out["2d"] = _placement_runs(mesh, PLACEMENTS_2x2)
     out["dcp"] = _dcp_save_and_resume(mesh, ckpt)
+    if has("tensor parallel", "fsdp2"):
+        out["fsdp-tp"] = _fsdp_tp()
     if rank == 0:
         torch.save(out, out_path)
 
@@ -427,8 +472,8 @@ def _check_run(got, want, cname):
 
 
 def _cases(placements):
-    return [(pname, shape_name, cname) for pname, names in placements.items()
-            for shape_name, shape in SHAPES.items() if _fits(names, shape) for cname in CONFIGS]
+    return [("-".join(names), shape_name, cname) for names, shapes in placements.items()
+            for shape_name in shapes for cname in CONFIGS]
 
 
 @pytest.mark.parametrize("case", _cases(PLACEMENTS_2), ids="-".join)
@@ -447,7 +492,9 @@ def test_2x2_mesh_equals_unsharded(case, launches):
 
 
 def test_cut_blocks_step_on_the_reference_backend_under_auto(launches):
-    assert launches[1]["1d"][("S1", "wide", "skip")]["backends"] == ["reference"]
+    runs = launches[1]["1d"]
+    assert runs[("S1", "wide", "skip")]["backends"] == ["reference"]
+    assert runs[("S0", "vec", "skip")]["backends"] == ["reference"]
 
 
 def test_dcp_resume_on_the_same_mesh_is_bitwise(launches):
@@ -522,11 +569,18 @@ def test_explicit_backend_without_the_block_reduction_refuses_by_name(launches):
 
 def test_fsdp2_fully_shard_equals_the_unsharded_replay(launches):
     require("fsdp2")
-    from luminamoon import LuminaMoon
-
     recorded = launches[1]["fsdp"]
     assert all(pl == (dtensor_api()[1](0),) for pl in recorded["placements"])
-    model = _Small()
+    model, opt = _replay(_Small, recorded)
+    kinds = {n: opt.state[p]["exp_avg"].dtype for n, p in model.named_parameters()}
+    assert kinds["lin.weight"] == kinds["gain"] == torch.uint8
+    assert kinds["lin.bias"] == torch.float32
+
+
+def _replay(make, recorded):
+    from luminamoon import LuminaMoon
+
+    model = make()
     opt = LuminaMoon(model.parameters(), **FSDP_HYPER)
     for grads in recorded["grads"]:
         for p, g in zip(model.parameters(), grads):
@@ -535,8 +589,15 @@ def test_fsdp2_fully_shard_equals_the_unsharded_replay(launches):
     for got, p in zip(recorded["params"], model.parameters()):
         assert torch.equal(bits(got), bits(p.detach()))
     for got, p in zip(recorded["state"], model.parameters()):
-        want = {k: (int(v) if k == "step" else v) for k, v in opt.state[p].items()}
-        _assert_same(got, want)
-    kinds = {n: opt.state[p]["exp_avg"].dtype for n, p in model.named_parameters()}
-    assert kinds["lin.weight"] == kinds["gain"] == torch.uint8
-    assert kinds["lin.bias"] == torch.float32
+        _assert_same(got, {k: (int(v) if k == "step" else v) for k, v in opt.state[p].items()})
+    return model, opt
+
+
+def test_fsdp2_over_tensor_parallel_equals_the_unsharded_replay(launches):
+    require("tensor parallel", "fsdp2")
+    recorded = launches[0]["fsdp-tp"]
+    assert recorded["placements"][0] == "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
+    assert recorded["scale placements"] == [recorded["placements"][0],
+                                            "(Shard(dim=0), Replicate())"]
+    model, opt = _replay(_Mlp, recorded)
+    assert opt.state[model.out.weight]["exp_avg"].dtype == torch.uint8
