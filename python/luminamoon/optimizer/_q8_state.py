@@ -237,7 +237,7 @@ def new_state(p: torch.Tensor, name: str = "the parameter") -> Dict[str, torch.T
 
 def _expected(p: torch.Tensor, what: str):
     """(global shape, dtype, placements or None, local shape) state ``what`` must have."""
-    if what in SCALE_KEYS:
+    if what in _SIGNED:  # codes
         placements = tuple(p.placements) if is_dtensor(p) else None
         return tuple(p.shape), torch.uint8, placements, tuple(local_tensor(p).shape)
     if is_dtensor(p):
@@ -267,12 +267,13 @@ def check_state(p: torch.Tensor, state: Dict[str, Any], name: str) -> None:
             if is_dtensor(t) != (placements is not None) or (placements is not None and (
                     tuple(t.placements) != placements or t.device_mesh != p.device_mesh
                     or tuple(local.shape) != local_shape)):
+                want = ("a plain tensor" if placements is None else
+                        f"a DTensor on the parameter's mesh with placements {placements}")
+                got = (f"placements {tuple(t.placements)} on {t.device_mesh}" if is_dtensor(t)
+                       else "a plain tensor")
                 raise ValueError(
-                    f"{name}: state {what!r} must be "
-                    f"{'a plain tensor' if placements is None else f'a DTensor on the parameter mesh with placements {placements}'}"
-                    f" (state_dtype='q8'), got "
-                    f"{f'placements {tuple(t.placements)}' if is_dtensor(t) else 'a plain tensor'}"
-                    f"; load q8 state of DTensor parameters through torch.distributed.checkpoint "
+                    f"{name}: state {what!r} must be {want} (state_dtype='q8'), got {got}; "
+                    f"load q8 state of DTensor parameters through torch.distributed.checkpoint "
                     f"(it reshards), or a state dict saved with the same placements")
             if not local.is_contiguous():
                 raise ValueError(f"{name}: state {what!r} must be contiguous (q8 blocks are "
