@@ -330,18 +330,31 @@ def _fsdp(mesh):
         from torch.distributed._composable.fsdp import fully_shard
     from luminamoon import LuminaMoon
 
-    model = _Small()
-    fully_shard(model.lin, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    from luminamoon import step_in_backward
+
+    def wrap(model):
+        fully_shard(model.lin, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    model, hooked = wrap(_Small()), wrap(_Small())
     opt = LuminaMoon(model.parameters(), **FSDP_HYPER)
+    # the step inside backward, one parameter a bucket: each bucket's MAX all-reduce in the
+    # order FSDP2 finishes the gradients, alike on both ranks
+    in_backward = step_in_backward(hooked, bucket_bytes=0, **FSDP_HYPER)
     grads = []
     for step in range(FSDP_STEPS):
         opt.zero_grad(set_to_none=True)
         gen = torch.Generator().manual_seed(100 * step + dist.get_rank())
-        model(torch.randn(6, 80, generator=gen)).square().mean().backward()
+        x = torch.randn(6, 80, generator=gen)
+        model(x).square().mean().backward()
         grads.append([_whole(p.grad).clone() for p in model.parameters()])
         opt.step()
+        hooked(x).square().mean().backward()
+    in_backward_same = [torch.equal(bits(_whole(a.detach())), bits(_whole(b.detach())))
+                        for a, b in zip(model.parameters(), hooked.parameters())]
     return {"grads": grads, "params": [_whole(p.detach()) for p in model.parameters()],
+            "in backward": in_backward_same,
             "state": [{k: (int(v) if k == "step" else _whole(v)) for k, v in opt.state[p].items()}
                       for p in model.parameters()],
             "placements": [tuple(p.placements) for p in model.parameters()]}
@@ -567,10 +580,11 @@ def test_explicit_backend_without_the_block_reduction_refuses_by_name(launches):
     assert got["unchanged"] and got["no state"]
 
 
-def test_fsdp2_fully_shard_equals_the_unsharded_replay(launches):
+def test_fsdp2_fully_shard_and_its_step_in_backward_equal_the_unsharded_replay(launches):
     require("fsdp2")
     recorded = launches[1]["fsdp"]
     assert all(pl == (dtensor_api()[1](0),) for pl in recorded["placements"])
+    assert len(recorded["in backward"]) == 5 and all(recorded["in backward"])
     model, opt = _replay(_Small, recorded)
     kinds = {n: opt.state[p]["exp_avg"].dtype for n, p in model.named_parameters()}
     assert kinds["lin.weight"] == kinds["gain"] == torch.uint8
