@@ -8,8 +8,8 @@ its ranks of their pieces' largest values, and whole-row shards (Shard(0) of 2-D
 parameters, uneven, one of them empty on a rank), whose scales are sharded alike. Four ranks:
 a 1-D mesh of 4 and 2x2 meshes, and a DCP checkpoint of a 2x2 run saved, resumed and (on two
 ranks, another mesh) resharded. Two ranks: a 1-D mesh of 2, FSDP2's fully_shard, conversion of
-float moments into q8 and back, the eligibility rule on every rank, and the refusal of a
-backend that cannot reduce the blocks."""
+float moments into q8 and back, the step inside backward under FSDP2, the eligibility rule on
+every rank, and the refusal of a backend that cannot reduce the blocks."""
 from __future__ import annotations
 
 import math
@@ -268,8 +268,19 @@ def _conversion(mesh):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             opt_back.load_state_dict(opt_q.state_dict())
+        if sharded:  # q8 state whose DTensors were redistributed (same mesh): placed back
+            replicated = opt_q.state_dict()  # (its per-parameter dicts are opt_q's own)
+            replicated["state"] = {
+                i: {k: (v if k == "step" else v.redistribute(mesh, _placements(["R"])))
+                    for k, v in values.items()} for i, values in replicated["state"].items()}
+            opt_r = LuminaMoon(params, lr=1e-2, seed=3, clip=0.0, state_dtype="q8")
+            opt_r.load_state_dict(replicated)
+            redistributed = [
+                all(torch.equal(opt_r.state[p][k].to_local(), opt_q.state[p][k].to_local())
+                    and opt_r.state[p][k].placements == opt_q.state[p][k].placements
+                    for k in opt_q.state[p] if k != "step") for p in params]
         out[sharded] = {
-            "to_q8": to_q8, "back": [str(w.message) for w in seen],
+            "redistributed": redistributed if sharded else None, "to_q8": to_q8, "back": [str(w.message) for w in seen],
             "float": [{k: _whole(v) for k, v in opt_f.state[p].items() if k != "step"}
                       for p in params],
             "q8": [{k: _whole(v) for k, v in opt_q.state[p].items() if k != "step"}
@@ -305,18 +316,19 @@ FSDP_STEPS = 3
 
 
 class _Small(torch.nn.Module):
-    """A weight of 5120 elements (whole rows on each rank), a 1-D gain of 4160 (its dim-0
-    shards cut block 8), and small float32-moment tensors."""
+    """A weight of 65 x 80 (whole rows on each rank, 33 and 32 of them: FSDP2's uneven chunks,
+    its scales chunked alike), a 1-D gain of 4160 (its dim-0 shards cut block 8), and small
+    float32-moment tensors."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.lin = torch.nn.Linear(80, 64)
+        self.lin = torch.nn.Linear(80, 65)
         self.gain = torch.nn.Parameter(1 + 0.1 * torch.randn(4160))
-        self.out = torch.nn.Linear(64, 3)
+        self.out = torch.nn.Linear(65, 3)
 
     def forward(self, x):
-        h = torch.tanh(self.lin(x)) * self.gain.view(65, 64).mean(0)
+        h = torch.tanh(self.lin(x)) * self.gain.view(64, 65).mean(0)
         return self.out(h)
 
 
@@ -563,6 +575,7 @@ def test_conversion_both_ways_warns_and_equals_the_unsharded_conversion(launches
             _assert_same(got, want)
     for state in sharded["q8"]:
         assert state["exp_avg"].dtype == torch.uint8
+    assert sharded["redistributed"] == [True, True, True]
     # the decoded moments are near the float ones (nearest codes), not equal
     for dec, floats in zip(sharded["decoded"], sharded["float"]):
         assert dec["exp_avg"].dtype == torch.float32
