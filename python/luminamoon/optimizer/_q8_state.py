@@ -59,6 +59,8 @@ def scale_placements(p: torch.Tensor) -> tuple:
     out = []
     for placement in p.placements:
         whole_rows = _shard_dim(placement, p.dim()) == 0 and p.dim() >= 2
+        if whole_rows and placement.dim != 0:  # a Shard(-ndim) names dim 0 of p only
+            placement = type(placement)(0)
         out.append(placement if whole_rows else Replicate())
     return tuple(out)
 
@@ -211,14 +213,14 @@ def all_reduce_max(parts: List[torch.Tensor], dims) -> None:
 # --------------------------------------------------------------------------------------------
 # state
 # --------------------------------------------------------------------------------------------
-def new_state(p: torch.Tensor, name: str = "the parameter") -> Dict[str, torch.Tensor]:
+def new_state(p: torch.Tensor) -> Dict[str, torch.Tensor]:
     """Zero q8 moments for ``p``: every scale 0, every code the codebook's zero (DTensors on
-    ``p``'s mesh for a DTensor ``p``)."""
+    ``p``'s mesh for a DTensor ``p``; placements whose scales' rows would differ from the
+    parameter's are refused by name when the step groups it: :func:`block_map`)."""
     local = local_tensor(p)
     device = local.device
     out = {}
     if is_dtensor(p):
-        block_map(p, name)  # placements whose scales' rows differ: refused here
         placements, scale_local, _ = _scale_box(p)
     for key, signed in _SIGNED.items():
         codes = torch.full(tuple(local.shape), quant.zero_code(signed), dtype=torch.uint8,
