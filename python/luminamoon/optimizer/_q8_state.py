@@ -194,9 +194,10 @@ def block_map(p: torch.Tensor, name: str) -> Optional[BlockMap]:
                     layout.index_map, tuple(sorted(mesh_dim(mesh, d) for d in cut)))
 
 
-def all_reduce_max(parts: List[torch.Tensor], dims) -> None:
+def _all_reduce_max(parts: List[torch.Tensor], dims) -> None:
     """In place: the MAX over the ranks of each of ``dims`` (MeshDims, in their order) of every
-    tensor of ``parts``, in one all-reduce per dim of their concatenation."""
+    tensor of ``parts``, in one all-reduce per dim of their concatenation (the conversion on
+    load; a step reduces its maxima beside its other collectives, optimizer/_step.py)."""
     import torch.distributed as dist
 
     if not parts:
@@ -335,7 +336,7 @@ def _encoded(p: torch.Tensor, xs: Dict[str, torch.Tensor], name: str
         for key, x in xs.items():
             index = bmap.block_index(x.numel(), x.device)
             scales[key] = BlockMap.partial_max(x, index, n_scales)
-        all_reduce_max(list(scales.values()), bmap.max_dims)
+        _all_reduce_max(list(scales.values()), bmap.max_dims)
         scales = {key: BlockMap.finish_scales(s) for key, s in scales.items()}
     out = {}
     for key, x in xs.items():

@@ -21,7 +21,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _q8_state
 from ._device import _get_device_context
 from ._groups import LaunchGroup
 from .backends.base import Backend
@@ -121,7 +120,13 @@ def _all_reduce_shards(groups: Sequence[LaunchGroup], flags: Dict[torch.device, 
     for mesh_dim, _ in dims:
         parts = [t for g in groups if mesh_dim in g.q8_max_dims and g.q8_partials is not None
                  for t in g.q8_partials]
-        _q8_state.all_reduce_max(parts, (mesh_dim,))
+        if not parts:
+            continue
+        buf = _reduced(torch.cat(parts), mesh_dim, dist.ReduceOp.MAX)
+        at = 0
+        for t in parts:
+            t.copy_(buf[at:at + t.numel()])
+            at += t.numel()
 
 
 def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend], *,
