@@ -365,6 +365,7 @@ def _fsdp(mesh):
         hooked(x).square().mean().backward()
     in_backward_same = [torch.equal(bits(_whole(a.detach())), bits(_whole(b.detach())))
                         for a, b in zip(model.parameters(), hooked.parameters())]
+    in_backward_same.append(int(in_backward.skipped_steps) == 0)
     return {"grads": grads, "params": [_whole(p.detach()) for p in model.parameters()],
             "in backward": in_backward_same,
             "state": [{k: (int(v) if k == "step" else _whole(v)) for k, v in opt.state[p].items()}
@@ -597,7 +598,7 @@ def test_fsdp2_fully_shard_and_its_step_in_backward_equal_the_unsharded_replay(l
     require("fsdp2")
     recorded = launches[1]["fsdp"]
     assert all(pl == (dtensor_api()[1](0),) for pl in recorded["placements"])
-    assert len(recorded["in backward"]) == 5 and all(recorded["in backward"])
+    assert len(recorded["in backward"]) == 6 and all(recorded["in backward"])
     model, opt = _replay(_Small, recorded)
     kinds = {n: opt.state[p]["exp_avg"].dtype for n, p in model.named_parameters()}
     assert kinds["lin.weight"] == kinds["gain"] == torch.uint8

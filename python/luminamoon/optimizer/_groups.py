@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 import torch
 
 from ..kernels.quant import Q8, block_rows, q8_eligible
-from . import _q8_state
 from ..kernels.layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, LaunchFlags  # noqa: F401
+from . import _q8_state
 from ._dtensor import local_tensor, shard_layout
 from .memory_layout import DIRECT, FLAT, STAGED, flat_view, layout_mode
 
