@@ -5,9 +5,10 @@ parameters, codes, scales, step counts and the skip decision. The shapes put sha
 inside q8 blocks of 256 elements (a 1-D parameter of 5000 elements on dim 0; Shard(1) of rows of
 130, 600 and 1200 elements; Shard(2) of a 3-D tensor), where each block's scale is the MAX over
 its ranks of their pieces' largest values, and whole-row shards (Shard(0) of 2-D and 3-D
-parameters, uneven, one of them empty on a rank), whose scales are sharded alike. Four ranks:
-a 1-D mesh of 4 and 2x2 meshes, and a DCP checkpoint of a 2x2 run saved, resumed and (on two
-ranks, another mesh) resharded. Two ranks: a 1-D mesh of 2, FSDP2's fully_shard, conversion of
+parameters, uneven, one of them empty on a rank), whose scales are sharded alike (with clip
+on, as for every state dtype, the parameters only to the last bit of the clip threshold). Four
+ranks: a 1-D mesh of 4 and 2x2 meshes, FSDP2 over tensor parallelism, and a DCP checkpoint of a
+2x2 run saved, resumed and (on two ranks, another mesh) resharded. Two ranks: a 1-D mesh of 2, FSDP2's fully_shard, conversion of
 float moments into q8 and back, the step inside backward under FSDP2, the eligibility rule on
 every rank, and the refusal of a backend that cannot reduce the blocks."""
 from __future__ import annotations
