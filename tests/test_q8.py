@@ -416,35 +416,6 @@ def test_state_bytes_per_parameter():
         assert nbytes == 2 * p.numel() + 2 * 4 * p.numel() // 256 + 8
 
 
-def _dtensor_rank(rank):
-    from conftest import dtensor_api
-
-    _, Shard, _, distribute_tensor = dtensor_api()
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh("cpu", (2,))
-    big = torch.nn.Parameter(distribute_tensor(torch.ones(64, 128), mesh, [Shard(0)]))
-    small = torch.nn.Parameter(distribute_tensor(torch.ones(10, 3), mesh, [Shard(0)]))
-    for p in (big, small):
-        p.grad = distribute_tensor(torch.full(tuple(p.shape), 0.5), mesh, [Shard(0)])
-    opt = LuminaMoon([big], state_dtype="q8", seed=1)
-    with pytest.raises(ValueError, match=r"DTensor and state_dtype='q8'.*not supported yet"):
-        opt.step()
-    assert not opt.state[big] and torch.equal(big.to_local(), torch.ones(32, 128))
-    # below the size rule (decided on the global shape) a DTensor keeps float32 moments
-    opt = LuminaMoon([small], state_dtype="q8", seed=1, backend="reference")
-    opt.step()
-    assert opt.state[small]["exp_avg"].dtype == torch.float32
-
-
-def test_dtensor_q8_is_refused_by_name(tmp_path):
-    """q8 moments of DTensor parameters are later work: refused before anything changes."""
-    require("gloo")
-    from conftest import spawn_ranks  # noqa: E402
-
-    spawn_ranks(_dtensor_rank, 2, str(tmp_path))
-
-
 def test_power_codebook_formula_spot_values():
     """Entries of the chosen codebooks worked out from the docs' float32 operations, one
     product at a time (Python floats rounded to float32 after each)."""

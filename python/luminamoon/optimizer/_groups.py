@@ -15,7 +15,8 @@ import torch
 
 from ..kernels.quant import Q8, block_rows, q8_eligible
 from ..kernels.layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, LaunchFlags  # noqa: F401
-from ._dtensor import is_dtensor, local_tensor, shard_layout
+from . import _q8_state
+from ._dtensor import local_tensor, shard_layout
 from .memory_layout import DIRECT, FLAT, STAGED, flat_view, layout_mode
 
 
@@ -89,14 +90,29 @@ class LaunchGroup:
     stage_in: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     stage_out: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     # q8 moments (state_dtype "q8", kernels/quant.py): exp_avgs/exp_avg_sqs hold uint8 codes;
-    # these hold each tensor's float32 scales and its (R, K) rows of the global shape. None
-    # for groups of float moments.
+    # these hold each tensor's float32 scales (local) and (rows, K): K the global shape's row
+    # length, rows the whole rows the local elements form (all R for a plain tensor) where no
+    # block is cut. None for groups of float moments.
     exp_avg_scales: Optional[List[torch.Tensor]] = None
     exp_avg_sq_scales: Optional[List[torch.Tensor]] = None
     q8_rows: Optional[List[Tuple[int, int]]] = None
+    # DTensor q8 tensors that a shard boundary can cut into pieces of a block
+    # (_q8_state.cut_mesh_dims): the mesh dims over which each block's largest |m'| and v' is
+    # MAX-reduced between the passes (sorted; empty where no block is cut), each tensor's
+    # _q8_state.BlockMap, and, filled by pass 1, each tensor's partial block maxima of m' and
+    # of v' (local scales, flat: [m_0, v_0, m_1, v_1, ...]), which the step reduces in place.
+    q8_max_dims: tuple = ()
+    q8_maps: Optional[List[Any]] = None
+    q8_partials: Optional[List[torch.Tensor]] = None
 
     def __len__(self) -> int:
         return len(self.params)
+
+    @property
+    def needs_pass1(self) -> bool:
+        """Pass 1 runs for the clip statistic, for the device-side skip decision, and for the
+        block maxima of q8 blocks cut by shard boundaries."""
+        return self.hyper.needs_pass1 or bool(self.q8_max_dims)
 
     @property
     def flags(self) -> LaunchFlags:
@@ -140,11 +156,14 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
         # the others float32 moments, in groups of their own
         tensor_state = _tensor_state_dtype(t, layout, state_dtype)
         q8 = tensor_state == Q8
-        # an index map matters only where stochastic rounding draws words (bf16 storage)
+        # an index map matters only where stochastic rounding draws words (bf16 storage; q8
+        # codes are always rounded stochastically)
         sr = hyper.stochastic_rounding and torch.bfloat16 in (t.param.dtype, tensor_state)
-        index_map = layout.index_map if sr else None
+        index_map = layout.index_map if sr or q8 else None
+        bmap = _q8_state.block_map(t.param, t.name) if q8 else None
+        max_dims = bmap.max_dims if bmap is not None else ()
         key = (local.device, t.param.dtype, t.grad.dtype, layout.reduce_dims, layout.mesh_dims,
-               index_map is not None, tensor_state)
+               index_map is not None, tensor_state, max_dims)
         entry = buckets.get(key)
         if entry is None:
             group = LaunchGroup(
@@ -153,9 +172,11 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
                 grads=[], exp_avgs=[], exp_avg_sqs=[],
                 p_inits=[] if hyper.bound_mode else None, steps=[], param_indices=[],
                 elem_offsets=[], global_numels=[], reduce_dims=layout.reduce_dims,
-                mesh_dims=layout.mesh_dims)
+                mesh_dims=layout.mesh_dims, q8_max_dims=max_dims)
             if q8:
                 group.exp_avg_scales, group.exp_avg_sq_scales, group.q8_rows = [], [], []
+                if max_dims:
+                    group.q8_maps = []
             entry = buckets[key] = (group, [])
         group, owners = entry
         tensors_of = [local, local_tensor(t.grad), local_tensor(t.exp_avg),
@@ -180,9 +201,12 @@ def group_tensors(tensors: Iterable[TensorRef], *, hyper: Hyper, state_dtype: to
         group.elem_offsets.append(layout.elem_offset)
         group.global_numels.append(layout.global_numel)
         if q8:
-            group.exp_avg_scales.append(t.exp_avg_scale)
-            group.exp_avg_sq_scales.append(t.exp_avg_sq_scale)
-            group.q8_rows.append(block_rows(t.param.shape))
+            group.exp_avg_scales.append(local_tensor(t.exp_avg_scale))
+            group.exp_avg_sq_scales.append(local_tensor(t.exp_avg_sq_scale))
+            rows, k = block_rows(t.param.shape)
+            group.q8_rows.append((rows, k) if bmap is not None else (local.numel() // k, k))
+            if bmap is not None:
+                group.q8_maps.append(bmap)
         if index_map is not None:
             if group.index_maps is None:
                 group.index_maps = []
@@ -198,11 +222,6 @@ def _tensor_state_dtype(t: TensorRef, layout, state_dtype) -> Union[torch.dtype,
         return state_dtype
     if not q8_eligible(layout.global_numel):
         return torch.float32
-    if is_dtensor(t.param):
-        raise ValueError(
-            f"{t.name} is a DTensor and state_dtype='q8': q8 moments of DTensor parameters "
-            f"are not supported yet (a block cut by a shard boundary needs the whole block's "
-            f"scale). Fix: state_dtype=torch.bfloat16 or torch.float32 for this param group")
     for what, codes, scales in (("exp_avg", t.exp_avg, t.exp_avg_scale),
                                 ("exp_avg_sq", t.exp_avg_sq, t.exp_avg_sq_scale)):
         if local_tensor(codes).dtype != torch.uint8 or scales is None:

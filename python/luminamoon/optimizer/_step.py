@@ -92,11 +92,15 @@ def _all_reduce_shards(groups: Sequence[LaunchGroup], flags: Dict[torch.device, 
     holds the S of every group sharded along that dimension (in group order, which is parameter
     order) and, when some group skips, the skip flag as a count of ranks that saw a non-finite
     gradient. After the last dimension every rank holds the same count, so every rank skips
-    the same steps; S is summed over exactly the dimensions that shard its tensor."""
+    the same steps; S is summed over exactly the dimensions that shard its tensor. Then, where
+    q8 blocks are cut by shard boundaries, for each such mesh dimension in the same order one
+    MAX all-reduce of one float32 buffer of every such group's partial block maxima of m' and
+    v' (``LaunchGroup.q8_partials``): after it every rank holds each whole block's scale."""
     import torch.distributed as dist
 
     skipping = any(g.hyper.nonfinite == "skip" for g in groups)
-    for mesh_dim, device in _step_mesh_dims(groups):
+    dims = _step_mesh_dims(groups)
+    for mesh_dim, device in dims:
         owners = [g for g in groups if mesh_dim in g.reduce_dims and g.hyper.clip > 0
                   and g.stats is not None]
         flag = flags.get(device) if skipping else None
@@ -113,6 +117,16 @@ def _all_reduce_shards(groups: Sequence[LaunchGroup], flags: Dict[torch.device, 
             at += n
         if flag is not None:
             flag.copy_((buf[at] > 0).to(flag.dtype))
+    for mesh_dim, _ in dims:
+        parts = [t for g in groups if mesh_dim in g.q8_max_dims and g.q8_partials is not None
+                 for t in g.q8_partials]
+        if not parts:
+            continue
+        buf = _reduced(torch.cat(parts), mesh_dim, dist.ReduceOp.MAX)
+        at = 0
+        for t in parts:
+            t.copy_(buf[at:at + t.numel()])
+            at += t.numel()
 
 
 def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend], *,
@@ -151,7 +165,7 @@ def run_launch_groups(groups: Sequence[LaunchGroup], backends: Sequence[Backend]
             skip_devices.append(group.device)
     # The scratch flag is written only by pass 1 of groups that do not skip; a step without
     # such a group (e.g. the single-pass AdamW mode) leaves it alone: one launch less.
-    if any(g.hyper.needs_pass1 and g.hyper.nonfinite != "skip" for g in groups):
+    if any(g.needs_pass1 and g.hyper.nonfinite != "skip" for g in groups):
         for flag in scratch.values():
             flag.zero_()
     try:
@@ -227,7 +241,8 @@ def _launch_step(groups: Sequence[LaunchGroup], backends: Sequence[Backend],
                     dst.copy_(src)
     for group, backend in zip(groups, backends):
         group.stats = None
-        if group.hyper.needs_pass1:
+        group.q8_partials = None
+        if group.needs_pass1:
             with _get_device_context(group.device):
                 backend.pass1(group, flag_for(group))
     # A learning rate in device memory that is not finite and >= 0 skips the step (groups with

@@ -14,6 +14,7 @@ import torch
 
 from ...kernels.quant import Q8
 from .._groups import LaunchGroup
+from .._q8_state import whole_blocks
 from .base import BACKEND_NAMES, Backend
 from .reference import ReferenceBackend
 
@@ -153,6 +154,16 @@ def select_backend(choice, group: LaunchGroup, *, aot_bundle=None) -> Backend:
         backend = choice
     else:
         backend = get_backend(choice, group.device, aot_bundle=aot_bundle)
+    if not whole_blocks(group) and not backend.q8_cut_blocks:
+        if choice == "auto":
+            return _instance("reference")
+        raise ValueError(
+            f"backend {backend.name!r} cannot step {_describe(group)}: they are q8 moments of "
+            f"DTensor parameters whose shard boundaries can cut a block of 256 elements (a "
+            f"1-D parameter sharded on dim 0, or a Shard(1) or later dim), whose scale needs "
+            f"the block's largest value over its ranks (only backend 'reference' reduces it). "
+            f"Fix: backend='auto' or 'reference' for them, shard them on dim 0 (parameters of "
+            f"two or more dims), or state_dtype=torch.bfloat16")
     if group.index_maps is not None and not backend.index_maps:
         if choice == "auto":
             return _instance("reference")

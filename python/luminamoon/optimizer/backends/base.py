@@ -26,6 +26,10 @@ class Backend:
     # Whether the backend keys rounding words on LaunchGroup.index_maps (shards that are not one
     # run of global indices); the others step a group only where it has none.
     index_maps = False
+    # Whether the backend steps q8 groups whose blocks shard boundaries cut (the rule:
+    # optimizer._q8_state.whole_blocks): their scales need pass 1's partial block maxima,
+    # MAX-reduced over the ranks, in pass 2.
+    q8_cut_blocks = False
 
     def supports(self, group: LaunchGroup) -> bool:  # pragma: no cover - interface
         raise NotImplementedError

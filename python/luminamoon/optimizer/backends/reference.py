@@ -127,6 +127,10 @@ class _TensorStep:
         self.one_minus_beta1 = float(ones - h.beta1)
         self.one_minus_beta2 = float(ones - h.beta2)
         self._key = None
+        # q8 blocks cut by shard boundaries: where each local element's block sits among the
+        # local scales (_q8_state.BlockMap), computed once a tensor step
+        self.block_map = group.q8_maps[j] if group.q8_maps is not None else None
+        self._block_index = None
 
     # -- random words -------------------------------------------------------------------
     def words(self, stream: int) -> torch.Tensor:
@@ -149,27 +153,54 @@ class _TensorStep:
         return (quant.codebook(True, self.codebooks, self.param.device),
                 quant.codebook(False, self.codebooks, self.param.device))
 
+    def block_index(self) -> torch.Tensor:
+        """Each local element's index into the flat local scales (cut blocks only)."""
+        if self._block_index is None:
+            self._block_index = self.block_map.block_index(self.numel, self.param.device)
+        return self._block_index
+
+    def element_scales(self, scales: torch.Tensor) -> torch.Tensor:
+        """The scale of every local element, flat, from the local scales (whole rows where no
+        block is cut; else through the tensor's BlockMap)."""
+        if self.block_map is None:
+            rows, k = self.group.q8_rows[self.j]
+            return quant.expand_scales(scales, rows, k)
+        return scales.reshape(-1)[self.block_index()]
+
     def stored_moments(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """m and v as float32, flat: q8 codes dequantized (scale * codebook[code])."""
         if self.group.state_dtype != quant.Q8:
             return (self.exp_avg.reshape(-1).to(torch.float32),
                     self.exp_avg_sq.reshape(-1).to(torch.float32))
-        rows, k = self.group.q8_rows[self.j]
         table_m, table_v = self.q8_tables()
-        scale_m = quant.expand_scales(self.group.exp_avg_scales[self.j], rows, k)
-        scale_v = quant.expand_scales(self.group.exp_avg_sq_scales[self.j], rows, k)
+        scale_m = self.element_scales(self.group.exp_avg_scales[self.j])
+        scale_v = self.element_scales(self.group.exp_avg_sq_scales[self.j])
         return (quant.dequantize(self.exp_avg, scale_m, table_m),
                 quant.dequantize(self.exp_avg_sq, scale_v, table_v))
 
+    def partial_maxima(self, m_new: torch.Tensor, v_new: torch.Tensor):
+        """Pass 1 of a tensor whose blocks shard boundaries cut: the largest |m'| and v' of the
+        local elements of each block (0 where it holds none; +inf for a non-finite value), the
+        local scales' shape, flat; the step MAX-reduces them over the ranks."""
+        n_scales = self.group.exp_avg_scales[self.j].numel()
+        index = self.block_index()
+        return (self.block_map.partial_max(m_new, index, n_scales),
+                self.block_map.partial_max(v_new, index, n_scales))
+
     def requantize(self, x: torch.Tensor, signed: bool):
         """(codes, scales) of flat float32 ``x`` (m' when ``signed``, else v'): each block's
-        scale is its largest |x| (NaN for a non-finite block), each code rounded stochastically
-        with R16 of stream 3 (m) or 4 (v)."""
-        rows, k = self.group.q8_rows[self.j]
+        scale is its largest |x| (NaN for a non-finite block; over every rank's piece of a block
+        that shard boundaries cut: pass 1's maxima, MAX-reduced), each code rounded
+        stochastically with R16 of stream 3 (m) or 4 (v)."""
         table = self.q8_tables()[0 if signed else 1]
-        scales = quant.block_scales(x, rows, k)
+        if self.block_map is None:
+            rows, k = self.group.q8_rows[self.j]
+            scales = quant.block_scales(x, rows, k)
+        else:
+            reduced = self.group.q8_partials[2 * self.j + (0 if signed else 1)]
+            scales = self.block_map.finish_scales(reduced)
         stream = rng.STREAM_Q8_EXP_AVG if signed else rng.STREAM_Q8_EXP_AVG_SQ
-        codes = quant.quantize(x, quant.expand_scales(scales, rows, k), table,
+        codes = quant.quantize(x, self.element_scales(scales), table,
                                self.words(stream), quant.zero_code(signed, self.codebooks))
         return codes, scales
 
@@ -204,6 +235,7 @@ class ReferenceBackend(Backend):
 
     name = "reference"
     index_maps = True
+    q8_cut_blocks = True
 
     def __init__(self, codebooks: Optional[str] = None):
         # q8 codebooks other than the chosen ones (kernels/quant.py, CANDIDATES): only for
@@ -220,17 +252,29 @@ class ReferenceBackend(Backend):
     # -- pass 1 -------------------------------------------------------------------------
     def pass1(self, group: LaunchGroup, found_inf: torch.Tensor) -> None:
         need_sum = group.hyper.clip > 0
+        cut = group.q8_maps is not None  # q8 blocks cut by shard boundaries: their maxima
         stats = torch.zeros(len(group), dtype=torch.float32, device=group.device)
+        partials = []
         bad_flags = []
         for j in range(len(group)):
             grad = group.grads[j]
             if grad.numel() == 0:
+                if cut:  # (this rank holds no piece of any block: it adds zeros to the MAX)
+                    n_scales = group.exp_avg_scales[j].numel()
+                    partials += [torch.zeros(n_scales, dtype=torch.float32,
+                                             device=group.device) for _ in range(2)]
                 continue
             bad_flags.append(~torch.isfinite(grad).all())
-            if need_sum:
-                _, _, u = _TensorStep(group, j, self.codebooks).moments_and_direction()
-                stats[j] = torch.sum(u * u, dtype=torch.float32)
+            if need_sum or cut:
+                ts = _TensorStep(group, j, self.codebooks)
+                m_new, v_new, u = ts.moments_and_direction()
+                if need_sum:
+                    stats[j] = torch.sum(u * u, dtype=torch.float32)
+                if cut:
+                    partials += ts.partial_maxima(m_new, v_new)
         group.stats = stats
+        if cut:
+            group.q8_partials = partials
         if bad_flags:
             bad = torch.stack(bad_flags).any().to(torch.int32)
             torch.maximum(found_inf, bad, out=found_inf)
@@ -242,6 +286,9 @@ class ReferenceBackend(Backend):
         use_clip = h.clip > 0
         if use_clip and group.stats is None:
             raise RuntimeError("pass2 with clip > 0 needs the statistics of pass1; run pass1 first")
+        if group.q8_maps is not None and group.q8_partials is None:
+            raise RuntimeError("pass2 of q8 blocks cut by shard boundaries needs pass1's block "
+                               "maxima, MAX-reduced over the ranks; run pass1 first")
         lr = _lr_tensor(group.lr, group.device)
         decay = 1.0 - lr * h.weight_decay  # float32
         skip = (found_inf != 0) if check else None
