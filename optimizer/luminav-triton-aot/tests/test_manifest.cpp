@@ -72,7 +72,7 @@ class ManifestTest : public ::testing::Test {
 TEST_F(ManifestTest, LoadsAValidBundle) {
   const AotManifest m = AotManifest::load(dir_.path());
   EXPECT_EQ(m.format_version(), 2);
-  EXPECT_EQ(m.table_cols(), 18);
+  EXPECT_EQ(m.table_cols(), 21);
   EXPECT_EQ(m.created_by(), "luminamoon 0.1.0");
   EXPECT_EQ(m.triton_version(), "3.6.0");
   ASSERT_EQ(m.kernels().size(), 1u);
