@@ -291,8 +291,17 @@ def main(argv=None):
             if dev.type != "cuda":
                 print("large: needs CUDA, skipped")
                 continue
-            case, why = large_case(torch.cuda.get_device_properties(dev).total_memory,
-                                   host_memory())
+            card, host = torch.cuda.get_device_properties(dev).total_memory, host_memory()
+            case, why = large_case(card, host)
+            if case is None and host:
+                # a card larger than the host can mirror (an H200 beside 128 GiB): the card is
+                # capped (torch's per-process memory fraction) at what the host can mirror
+                cap = int(host / 1.15 / 1.10 * 0.8)
+                torch.cuda.set_per_process_memory_fraction(cap / card, dev)
+                print(f"large: the card's {card / GiB:.0f} GiB capped at {cap / GiB:.0f} GiB "
+                      f"(the host's {host / GiB:.0f} GiB hold 16 B a parameter of a model 10 % "
+                      f"larger than that)")
+                case, why = large_case(cap, host)
             if case is None:
                 print(why)
                 continue
