@@ -314,10 +314,12 @@ def check_group_tensors(group, backend: str, align: Optional[int] = None) -> Non
                          f"{None if group.p_inits is None else len(group.p_inits)}")
     if not 0 <= int(group.seed) < 2 ** 64:
         raise ValueError(f"seed must be in [0, 2**64), got {group.seed}")
+    q8 = group.state_dtype == "q8"  # uint8 codes, float32 scales (kernels/quant.py)
+    codes = torch.uint8 if q8 else group.state_dtype
     expect = [("param", group.params, group.param_dtype),
               ("grad", group.grads, group.grad_dtype),
-              ("exp_avg", group.exp_avgs, group.state_dtype),
-              ("exp_avg_sq", group.exp_avg_sqs, group.state_dtype)]
+              ("exp_avg", group.exp_avgs, codes),
+              ("exp_avg_sq", group.exp_avg_sqs, codes)]
     if bounded:
         expect.append(("p_init", group.p_inits, group.param_dtype))
     dev = group.device
@@ -326,6 +328,16 @@ def check_group_tensors(group, backend: str, align: Optional[int] = None) -> Non
         label = f"tensor {j} (param index {group.param_indices[j]})"
         for what, lst, dtype in expect:
             check_element_tensor(f"{what} of {label}", lst[j], dev, dtype, numel, backend, align)
+        if q8:
+            rows, k = group.q8_rows[j]
+            nscales = rows * -(-k // 256) if numel else 0
+            if rows * k != numel:
+                raise ValueError(f"{backend} backend: {label}: q8 block rows {rows} x {k} do "
+                                 f"not hold its {numel} elements")
+            for what, lst in (("exp_avg_scale", group.exp_avg_scales),
+                              ("exp_avg_sq_scale", group.exp_avg_sq_scales)):
+                check_element_tensor(f"{what} of {label}", lst[j], dev, torch.float32, nscales,
+                                     backend, 4)
         s = group.steps[j]
         if (not isinstance(s, torch.Tensor) or not _same_device(s.device, dev)
                 or s.dtype != torch.int64 or s.numel() != 1):

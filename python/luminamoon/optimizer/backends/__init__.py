@@ -22,7 +22,7 @@ __all__ = ["BACKEND_NAMES", "BackendUnavailableError", "aot_bundle_dir", "get_ba
 
 # The backends that step q8 moments (state_dtype="q8"); "auto" falls back to the reference
 # backend for them where its first choice does not.
-Q8_BACKENDS = ("reference",)
+Q8_BACKENDS = ("reference", "triton")
 
 _FIXES = {
     "triton": "install Triton (pip install 'luminamoon[triton]'), or pass backend='reference'",

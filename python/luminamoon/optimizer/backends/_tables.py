@@ -19,12 +19,14 @@ import torch
 
 from ...kernels.layout import (ALIGN_BYTES, COL_BLOCK_START, COL_ELEM_OFFSET, COL_EXP_AVG, COL_EXP_AVG_SQ,
                                COL_GLOBAL_NUMEL, COL_GRAD, COL_NUMEL, COL_P_INIT, COL_PARAM,
-                               COL_PARAM_INDEX, COL_STEP, HOST_COLS, TABLE_COLS)
+                               COL_PARAM_INDEX, COL_STEP, HOST_COLS, Q8_BLOCK, Q8_HOST_COLS,
+                               TABLE_COLS)
+from ...kernels.quant import Q8
 from .._groups import LaunchGroup
 from .._validation import _same_device, check_group_tensors
 
 __all__ = ["HostTables", "TableState", "aligned", "build_table", "grad_column", "host_rows",
-           "signed64", "step_state"]
+           "programs", "signed64", "step_state"]
 
 # build_table writes the host columns in this order, one list per row.
 if (COL_PARAM, COL_GRAD, COL_EXP_AVG, COL_EXP_AVG_SQ, COL_P_INIT, COL_STEP, COL_NUMEL,
@@ -56,13 +58,26 @@ def aligned(ptrs: Sequence[int]) -> bool:
 def host_rows(group: LaunchGroup) -> List[tuple]:
     """Every tensor's row as ints, in the C++ engine's RowTuple order (engine/group.h): param,
     grad, exp_avg, exp_avg_sq, p_init (0 unbounded), step, numel, elem_offset, param_index,
-    global_numel. Addresses are read from the tensors here."""
+    global_numel, then for q8 moments the addresses of the scales of m and of v and the block
+    row's length K (0, 0, 0 for other state dtypes). Addresses are read from the tensors here."""
     bounded = group.hyper.bound_mode != 0
+    q8 = group.state_dtype == Q8
     return [(p.data_ptr(), group.grads[j].data_ptr(), group.exp_avgs[j].data_ptr(),
              group.exp_avg_sqs[j].data_ptr(), group.p_inits[j].data_ptr() if bounded else 0,
              group.steps[j].data_ptr(), p.numel(), int(group.elem_offsets[j]),
              int(group.param_indices[j]), int(group.global_numels[j]))
+            + ((group.exp_avg_scales[j].data_ptr(), group.exp_avg_sq_scales[j].data_ptr(),
+                int(group.q8_rows[j][1])) if q8 else (0, 0, 0))
             for j, p in enumerate(group.params)]
+
+
+def programs(numel: int, row_len: int, block: int) -> int:
+    """The programs of ``block`` elements a tensor owns: ceil(numel / block), or for q8
+    moments (``row_len`` K > 0) whole q8 blocks, block / 256 a program:
+    ceil(numel / K * ceil(K / 256) / (block / 256))."""
+    if not row_len:
+        return -(-numel // block)
+    return -(-(numel // row_len) * -(-row_len // Q8_BLOCK) // (block // Q8_BLOCK))
 
 
 def build_table(group: LaunchGroup, block: int) -> HostTables:
@@ -70,8 +85,7 @@ def build_table(group: LaunchGroup, block: int) -> HostTables:
     (a tensor with no element owns no program), from :func:`host_rows`."""
     n = len(group.params)
     rows = host_rows(group)
-    numels = [r[6] for r in rows]
-    per = [-(-numel // block) for numel in numels]
+    per = [programs(r[6], r[12], block) for r in rows]
     starts, acc = [], 0
     for nb in per:
         starts.append(acc)
@@ -82,9 +96,11 @@ def build_table(group: LaunchGroup, block: int) -> HostTables:
     host = torch.zeros((n, TABLE_COLS), dtype=torch.int64)
     if n:
         # RowTuple order with BLOCK_START inserted: the table's host columns (checked above)
-        cols = torch.tensor([[signed64(a) for a in r[:6]] + [r[6], start] + list(r[7:])
+        cols = torch.tensor([[signed64(a) for a in r[:6]] + [r[6], start] + list(r[7:10])
                              for r, start in zip(rows, starts)], dtype=torch.int64)
         host[:, :HOST_COLS] = cols
+        host[:, list(Q8_HOST_COLS)] = torch.tensor(
+            [[signed64(r[10]), signed64(r[11]), r[12]] for r in rows], dtype=torch.int64)
     if acc:
         block_map = torch.repeat_interleave(torch.arange(n, dtype=torch.int32),
                                             torch.tensor(per, dtype=torch.int64))
@@ -141,7 +157,7 @@ class TableState:
         check_group_tensors(group, backend, align)
         self.backend, self.align = backend, align
         self.lists = (group.params, group.exp_avgs, group.exp_avg_sqs, group.steps,
-                      group.p_inits)
+                      group.p_inits, group.exp_avg_scales, group.exp_avg_sq_scales)
         self.key = (group.hyper, int(group.seed))
         self.param_ptrs = tuple(map(_DATA_PTR, group.params))
         self.grad_ptrs = tuple(map(_DATA_PTR, group.grads))
@@ -173,7 +189,8 @@ class TableState:
         lists = self.lists
         return (group.params is lists[0] and group.exp_avgs is lists[1]
                 and group.exp_avg_sqs is lists[2] and group.steps is lists[3]
-                and group.p_inits is lists[4] and len(group.params) == self.ntensors
+                and group.p_inits is lists[4] and group.exp_avg_scales is lists[5]
+                and group.exp_avg_sq_scales is lists[6] and len(group.params) == self.ntensors
                 and (group.hyper is self.key[0] or group.hyper == self.key[0])
                 and int(group.seed) == self.key[1]
                 and (group.param_ptrs if group.param_ptrs is not None
