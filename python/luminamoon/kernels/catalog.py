@@ -134,6 +134,12 @@ SINGLE_PASS_16BIT_MAXNREG = 64
 # 2009.3 at (48, 64), 2008.0 at (56, 64), 2052.2 at (48, none), 2059.8 at (64, 64).
 SR_16BIT_PASS1_MAXNREG = 48
 SR_16BIT_MAXNREG = 64
+# Register cap of the q8 update kernels (S_DTYPE 3, pass 2 and the single pass): their masked
+# branches (row lengths that 256 does not divide, a tensor's last program) take far more
+# registers than the full branch every program of a 256-aligned tensor runs (sm_90, Triton 3.6:
+# 120 registers the full branch alone, 222 the whole kernel), and registers are allotted by the
+# kernel's heaviest branch; capped, the masked branches spill instead.
+Q8_MAXNREG = 128
 # Commit: one program; 1024 counters per chunk covers the 1000-tiny-tensor case in one pass.
 COMMIT_TBLOCK = 1024
 COMMIT_WARPS = 4
@@ -215,13 +221,15 @@ def variants_for(param_dtype, grad_dtype, state_dtype, flags: LaunchFlags) -> Di
         out["pass2"] = _make_variant(
             "pass2", dict(P_DTYPE=p, G_DTYPE=g, S_DTYPE=s, SR=sr, BOUND_MODE=bound_mode,
                           USE_CLIP=use_clip, CHECK_FLAG=check, BLOCK=ELEMENTWISE_BLOCK),
-            ELEMENTWISE_WARPS, SR_16BIT_MAXNREG if sr_16bit and p != 0 else None)
+            ELEMENTWISE_WARPS, Q8_MAXNREG if s == S_DTYPE_Q8 else
+            SR_16BIT_MAXNREG if sr_16bit and p != 0 else None)
     else:
         all_16bit = p != 0 and g != 0 and s in (1, 2)
         out["single_pass"] = _make_variant(
             "single_pass", dict(P_DTYPE=p, G_DTYPE=g, S_DTYPE=s, SR=sr, BOUND_MODE=bound_mode,
                                 BLOCK=ELEMENTWISE_BLOCK),
-            ELEMENTWISE_WARPS, SINGLE_PASS_16BIT_MAXNREG if all_16bit and not sr else None)
+            ELEMENTWISE_WARPS, Q8_MAXNREG if s == S_DTYPE_Q8 else
+            SINGLE_PASS_16BIT_MAXNREG if all_16bit and not sr else None)
     out["commit"] = _make_variant("commit", dict(CHECK_FLAG=check, TBLOCK=COMMIT_TBLOCK),
                                   COMMIT_WARPS)
     return out

@@ -14,7 +14,7 @@ with no table lookup and no division an element:
   comparison with C[e + 1] decides, and the other bracket value is one more evaluation;
 - the decision T * (C[hi] - C[lo]) < y - C[lo] with T = (R16 + 1/2) 2^-16 made by bits.
 
-A q8 tile is [NQB, 32, 8]: NQB blocks of 256 elements, each as 32 rows of eight (one Philox
+A q8 tile is [32, NQB, 8]: NQB blocks of 256 elements (the middle axis), each as 32 rows of eight (one Philox
 call a row, as the bf16 stochastic rounding draws them; kernels/rounding.py).
 """
 import triton
@@ -106,12 +106,12 @@ def _code_v(y, words):
 
 @triton.jit
 def _block_scale(x, mask):
-    """Each block's scale of a [NQB, 32, 8] tile, [NQB]: the largest |x| (NaN where the block
+    """Each block's scale of a [32, NQB, 8] tile, [NQB]: the largest |x| (NaN where the block
     holds a non-finite x), by an integer max of the magnitudes' bits (masked: 0)."""
     mag = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     if mask is not None:
         mag = tl.where(mask, mag, 0)
-    top = tl.max(tl.max(mag, axis=2), axis=1)
+    top = tl.max(tl.max(mag, axis=2), axis=0)
     return tl.where(top >= 0x7F800000, _NAN, top.to(tl.float32, bitcast=True))
 
 
@@ -127,11 +127,11 @@ def _normalise(x, scale):
 
 @triton.jit
 def _q8_words(key, g0, STREAM: tl.constexpr, ALIGNED: tl.constexpr, WIDE: tl.constexpr):
-    """R16(i, STREAM) of a [NQB, 32, 8] tile whose block b starts at global index g0[b]
-    (g0: int64 [NQB, 1, 1]): rounding stream format 2, as rounding._stream_words16 draws them.
-    ALIGNED: every g0 a multiple of 8 (one Philox call a row); else two, each element picking
-    its word from the group it falls in."""
-    j = (g0 >> 3) + tl.arange(0, 32)[None, :, None].to(tl.int64)
+    """R16(i, STREAM) of a [32, NQB, 8] tile whose block b starts at global index g0[b]
+    (g0: int64 [1, NQB, 1]): rounding stream format 2, as rounding._stream_words16 draws them.
+    ALIGNED: every g0 a multiple of 8 (one Philox call a row); else (a row length that 8 does
+    not divide, a rare shape) two, each element picking its word from the group it falls in."""
+    j = (g0 >> 3) + tl.arange(0, 32)[:, None, None].to(tl.int64)
     lo = j.to(tl.uint32)
     hi = (j >> 32).to(tl.uint32)
     zero = lo * 0

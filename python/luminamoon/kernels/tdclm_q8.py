@@ -46,17 +46,17 @@ def _codes_ptr(addr):
 
 @triton.jit
 def _q8_tile(local, numel, row_len, NQB: tl.constexpr):
-    """(qb [NQB], first element of each block [NQB, 1, 1], offsets [NQB, 32, 8], the
+    """(qb [NQB], first element of each block [1, NQB, 1], offsets [32, NQB, 8], the
     elements' mask, the blocks' mask) of program ``local`` of its tensor (masked form)."""
     nb = (row_len + 255) // 256
     qb = local.to(tl.int64) * NQB + tl.arange(0, NQB)
     qmask = qb < (numel // row_len) * nb
     r = qb // nb
     b = qb - r * nb
-    first = (r * row_len + b * 256)[:, None, None]
-    blen = tl.minimum(row_len - b * 256, 256)[:, None, None]
-    pos = tl.arange(0, 32)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-    mask = (pos < blen) & qmask[:, None, None]
+    first = (r * row_len + b * 256)[None, :, None]
+    blen = tl.minimum(row_len - b * 256, 256)[None, :, None]
+    pos = tl.arange(0, 32)[:, None, None] * 8 + tl.arange(0, 8)[None, None, :]
+    mask = (pos < blen) & qmask[None, :, None]
     return qb, first, first + pos, mask, qmask
 
 
@@ -64,8 +64,8 @@ def _q8_tile(local, numel, row_len, NQB: tl.constexpr):
 def _q8_full_tile(local, NQB: tl.constexpr):
     """(qb, first, offsets) of a program whose NQB blocks are one run of NQB * 256 elements."""
     qb = local.to(tl.int64) * NQB + tl.arange(0, NQB)
-    first = (qb * 256)[:, None, None]
-    offs = first + (tl.arange(0, 32)[None, :, None] * 8 + tl.arange(0, 8)[None, None, :])
+    first = (qb * 256)[None, :, None]
+    offs = first + (tl.arange(0, 32)[:, None, None] * 8 + tl.arange(0, 8)[None, None, :])
     offs = tl.max_contiguous(tl.multiple_of(offs, [8, 8, 8]), [1, 1, 8])
     return qb, first, offs
 
@@ -87,8 +87,8 @@ def _decode(mc_ptr, vc_ptr, sm_ptr, sv_ptr, offs, mask, qb, qmask):
     else:
         sm = tl.load(sm_ptr + qb, mask=qmask, other=0.0)
         sv = tl.load(sv_ptr + qb, mask=qmask, other=0.0)
-    m = sm[:, None, None] * _cm(_load_codes(mc_ptr, offs, mask))
-    v = sv[:, None, None] * _cv(_load_codes(vc_ptr, offs, mask))
+    m = sm[None, :, None] * _cm(_load_codes(mc_ptr, offs, mask))
+    v = sv[None, :, None] * _cv(_load_codes(vc_ptr, offs, mask))
     return m, v
 
 
@@ -155,7 +155,7 @@ def _requantize(x, mask, words_key, first, STREAM: tl.constexpr, SIGNED: tl.cons
                 ALIGNED: tl.constexpr, WIDE: tl.constexpr):
     """(codes as uint8, the blocks' scales [NQB]) of the float32 tile x (m' or v')."""
     scale = _block_scale(x, mask)
-    y = _normalise(x, scale[:, None, None])
+    y = _normalise(x, scale[None, :, None])
     words = _q8_words(words_key, first, STREAM, ALIGNED, WIDE)
     if SIGNED:
         code = _code_m(y, words)
@@ -259,7 +259,13 @@ def _q8_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, bet
     else:
         qb, first, offs, mask, qmask = _q8_tile(local, numel, row_len, NQB)
         ok, ok_b = _skip_masks(found_inf, offs, qb, CHECK_FLAG)
-        _q8_update_tile(p_ptr, g_ptr, mc_ptr, vc_ptr, p0_ptr, sm_ptr, sv_ptr, offs, mask, qb,
-                        qmask, elem_offset + first, ok, ok_b, key, lr, sign, beta1, beta2, eps,
-                        rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, SR, BOUND_MODE, USE_CLIP, 0,
-                        WIDE)
+        if ((row_len & 7) == 0) & ((elem_offset & 7) == 0):  # rows of eight: one word call
+            _q8_update_tile(p_ptr, g_ptr, mc_ptr, vc_ptr, p0_ptr, sm_ptr, sv_ptr, offs, mask, qb,
+                            qmask, elem_offset + first, ok, ok_b, key, lr, sign, beta1, beta2,
+                            eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, SR, BOUND_MODE,
+                            USE_CLIP, 1, WIDE)
+        else:
+            _q8_update_tile(p_ptr, g_ptr, mc_ptr, vc_ptr, p0_ptr, sm_ptr, sv_ptr, offs, mask, qb,
+                            qmask, elem_offset + first, ok, ok_b, key, lr, sign, beta1, beta2,
+                            eps, rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, SR, BOUND_MODE,
+                            USE_CLIP, 0, WIDE)
