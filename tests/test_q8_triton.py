@@ -368,3 +368,24 @@ def test_table_counts_whole_q8_blocks():
     assert host.table[:, 20].tolist() == [100, 512, 5000]
     assert host.table[:, 18].tolist() == [s.data_ptr() for s in group.exp_avg_scales]
     assert host.table[:, 19].tolist() == [s.data_ptr() for s in group.exp_avg_sq_scales]
+
+
+def test_root_estimates_stay_within_a_quarter_code():
+    """The bracket estimate e = floor(z - 1/2) is lo or lo - 1 while the root is within 1/2
+    code of its value: the cube root's estimate (kernels/quant_tl.py, _cbrt_estimate, here in
+    numpy float32) and the fourth root's (two square roots) stay within a quarter code over
+    [0, 1], leaving room for the hardware's exp2 and square root (a few ulps)."""
+    require("interpreted triton")
+    f = np.float32
+    gen = np.random.default_rng(0)
+    a = np.concatenate([gen.random(1_000_000).astype(f),
+                        (10.0 ** gen.uniform(-38, 0, 1_000_000)).astype(f),
+                        quant.codebook(False).numpy(), np.abs(quant.codebook(True).numpy())])
+    b = np.maximum(a, f(float(quant_tl._TINY.value))).view(np.int32)
+    x = ((b & 0x007FFFFF) | 0x3F800000).view(f) - f(1)
+    c1, c2, c3 = (f(float(c.value)) for c in (quant_tl._L1, quant_tl._L2, quant_tl._L3))
+    log2 = ((b >> 23) - 127).astype(f) + x * (c1 + x * (c2 + x * c3))
+    cbrt = np.exp2(log2 * f(0.3333333432674408)).astype(np.float64)
+    assert 128 * np.abs(cbrt - np.cbrt(a.astype(np.float64))).max() < 0.25
+    fourth = np.sqrt(np.sqrt(a)).astype(np.float64)
+    assert 255 * np.abs(fourth - a.astype(np.float64) ** 0.25).max() < 0.25

@@ -6,11 +6,13 @@ The same bits as kernels/quant.py (the reference: codebooks by float32 products,
 with no table lookup and no division an element:
 
 - a codebook value is computed from its code with three float32 products (C_m) or three (C_v);
-- the bracket lo (the largest code with C[lo] <= y) is estimated from a cube or fourth root
-  (exp2/log2, the hardware's approximations where compiled) and made exact by comparing y with
+- the bracket lo (the largest code with C[lo] <= y) is estimated from a cube root (from the
+  bits and exp2) or a fourth root (two square roots, the hardware's approximations where
+  compiled) and made exact by comparing y with
   the computed value of the neighbouring code: the estimate e = floor(z - 1/2) of the real
   position z (z = 128 + 127 y^(1/3), 128 - 128 |y|^(1/3), 255 y^(1/4)) is lo or lo - 1 as long
-  as the root is within 1/2 code of its value (its error is about 1e-5 codes), so one
+  as the root is within 1/2 code of its value (its error: below 0.04 codes for the cube root,
+  1e-5 for the fourth root; tests/test_q8_triton.py measures it), so one
   comparison with C[e + 1] decides, and the other bracket value is one more evaluation;
 - the decision T * (C[hi] - C[lo]) < y - C[lo] with T = (R16 + 1/2) 2^-16 made by bits.
 
@@ -27,9 +29,13 @@ from .rounding import _philox, _pick_half
 _INV127: tl.constexpr = tl.constexpr(0.007874015718698502)
 _INV255: tl.constexpr = tl.constexpr(0.003921568859368563)
 _TWO_M7: tl.constexpr = tl.constexpr(0.0078125)
-# Below this |y| the roots' estimate takes the value itself (log2 of 0 is -inf; any y this
-# small lies between the two codes next to zero either way).
+# Below this |y| the cube root's estimate takes this value instead (any y this small lies
+# between the two codes next to zero either way).
 _TINY: tl.constexpr = tl.constexpr(1e-30)
+# log2(1 + x) ~ x (L1 + x (L2 + x L3)) on [0, 1), within 0.0014 (a least-squares fit).
+_L1: tl.constexpr = tl.constexpr(1.423495)
+_L2: tl.constexpr = tl.constexpr(-0.5877728)
+_L3: tl.constexpr = tl.constexpr(0.16559298)
 # C_m's zero code; a NaN scale.
 _ZERO_M: tl.constexpr = tl.constexpr(128)
 _NAN: tl.constexpr = tl.constexpr(float("nan"))
@@ -55,9 +61,14 @@ def _cv(c):
 
 
 @triton.jit
-def _root(a, RECIP_DEGREE: tl.constexpr):
-    """a^RECIP_DEGREE for a in [0, 1], approximately (exp2 and log2: within a few ulps)."""
-    return tl.exp2(tl.log2(tl.maximum(a, _TINY)) * RECIP_DEGREE)
+def _cbrt_estimate(a):
+    """a^(1/3) for a in [0, 1], to within 3e-4 relative: exp2(log2(a) / 3) with log2 from the
+    bits (the exponent, and a cubic in the mantissa within 0.0014) and the hardware's exp2
+    (libdevice's log2f would cost some twenty instructions)."""
+    b = tl.maximum(a, _TINY).to(tl.int32, bitcast=True)
+    x = ((b & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+    log2 = ((b >> 23) - 127).to(tl.float32) + x * (_L1 + x * (_L2 + x * _L3))
+    return tl.exp2(log2 * 0.3333333432674408)
 
 
 @triton.jit
@@ -84,7 +95,7 @@ def _decide(y, e, ca, cb_of_up, up, words):
 @triton.jit
 def _code_m(y, words):
     """The stochastic code of m for the normalised value y in [-1, 1]."""
-    r = _root(tl.abs(y), 1.0 / 3.0)
+    r = _cbrt_estimate(tl.abs(y))
     z = tl.where(y < 0, 128.0 - 128.0 * r, 128.0 + 127.0 * r)
     e = tl.minimum((z - 0.5).to(tl.int32), 254)  # z - 0.5 > -1: truncation is the floor
     ca = _cm(e + 1)
@@ -96,7 +107,7 @@ def _code_m(y, words):
 @triton.jit
 def _code_v(y, words):
     """The stochastic code of v for the normalised value y in [0, 1]."""
-    z = 255.0 * _root(y, 0.25)
+    z = 255.0 * tl.sqrt(tl.sqrt(y))
     e = tl.minimum((z - 0.5).to(tl.int32), 254)
     ca = _cv(e + 1)
     up = ca <= y
