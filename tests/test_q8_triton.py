@@ -44,7 +44,7 @@ if IN_PROCESS:
     import triton.language as tl
 
     from luminamoon.kernels import quant_tl
-    from luminamoon.optimizer.backends._tables import build_table, programs
+    from luminamoon.optimizer.backends._tables import _programs, build_table
     from luminamoon.optimizer.backends.reference import ReferenceBackend, _TensorStep
     from luminamoon.optimizer.backends.triton import TritonBackend
 
@@ -361,7 +361,7 @@ def test_table_counts_whole_q8_blocks():
     hyper = Case(F32, F32, F32).hyper()
     group = _q8_group(((64, 100), (8, 512), (5000,)), F32, F32, hyper)
     host = build_table(group, 1024)
-    want = [programs(n, k, 1024) for n, k in ((6400, 100), (4096, 512), (5000, 5000))]
+    want = [_programs(n, k, 1024) for n, k in ((6400, 100), (4096, 512), (5000, 5000))]
     assert want == [16, 4, 5]  # 64 rows of one block; 16 blocks; 20 blocks
     assert host.nblocks == sum(want)
     assert host.table[:, 7].tolist() == [0, 16, 20]

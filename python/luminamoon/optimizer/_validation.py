@@ -314,12 +314,12 @@ def check_group_tensors(group, backend: str, align: Optional[int] = None) -> Non
                          f"{None if group.p_inits is None else len(group.p_inits)}")
     if not 0 <= int(group.seed) < 2 ** 64:
         raise ValueError(f"seed must be in [0, 2**64), got {group.seed}")
-    q8 = group.state_dtype == "q8"  # uint8 codes, float32 scales (kernels/quant.py)
-    codes = torch.uint8 if q8 else group.state_dtype
+    q8 = group.state_dtype == Q8
+    moment_dtype = torch.uint8 if q8 else group.state_dtype  # q8: one-byte codes
     expect = [("param", group.params, group.param_dtype),
               ("grad", group.grads, group.grad_dtype),
-              ("exp_avg", group.exp_avgs, codes),
-              ("exp_avg_sq", group.exp_avg_sqs, codes)]
+              ("exp_avg", group.exp_avgs, moment_dtype),
+              ("exp_avg_sq", group.exp_avg_sqs, moment_dtype)]
     if bounded:
         expect.append(("p_init", group.p_inits, group.param_dtype))
     dev = group.device
@@ -329,15 +329,7 @@ def check_group_tensors(group, backend: str, align: Optional[int] = None) -> Non
         for what, lst, dtype in expect:
             check_element_tensor(f"{what} of {label}", lst[j], dev, dtype, numel, backend, align)
         if q8:
-            rows, k = group.q8_rows[j]
-            nscales = rows * -(-k // 256) if numel else 0
-            if rows * k != numel:
-                raise ValueError(f"{backend} backend: {label}: q8 block rows {rows} x {k} do "
-                                 f"not hold its {numel} elements")
-            for what, lst in (("exp_avg_scale", group.exp_avg_scales),
-                              ("exp_avg_sq_scale", group.exp_avg_sq_scales)):
-                check_element_tensor(f"{what} of {label}", lst[j], dev, torch.float32, nscales,
-                                     backend, 4)
+            _check_q8_scales(group, j, label, dev, backend, align)
         s = group.steps[j]
         if (not isinstance(s, torch.Tensor) or not _same_device(s.device, dev)
                 or s.dtype != torch.int64 or s.numel() != 1):
@@ -350,3 +342,19 @@ def check_group_tensors(group, backend: str, align: Optional[int] = None) -> Non
         if off < 0 or gnumel < off + numel:
             raise ValueError(f"{backend} backend: {label}: elem_offset {off} + numel {numel} "
                              f"exceeds global_numel {gnumel}")
+
+
+def _check_q8_scales(group, j: int, label: str, dev, backend: str, align: Optional[int]) -> None:
+    """Tensor j's q8 scales: float32, one per block of its (R, K) rows (kernels/quant.py),
+    contiguous, on the group's device."""
+    from ..kernels.quant import BLOCK
+
+    if group.exp_avg_scales is None or group.exp_avg_sq_scales is None or group.q8_rows is None:
+        raise ValueError(f"{backend} backend: a q8 group needs exp_avg_scales, exp_avg_sq_scales "
+                         "and q8_rows (optimizer/_groups.py group_tensors fills them)")
+    rows, k = group.q8_rows[j]
+    nblocks = rows * -(-k // BLOCK)
+    for what, lst in (("exp_avg_scale", group.exp_avg_scales),
+                      ("exp_avg_sq_scale", group.exp_avg_sq_scales)):
+        check_element_tensor(f"{what} of {label}", lst[j], dev, torch.float32, nblocks, backend,
+                             align)

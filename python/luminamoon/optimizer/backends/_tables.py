@@ -26,7 +26,7 @@ from .._groups import LaunchGroup
 from .._validation import _same_device, check_group_tensors
 
 __all__ = ["HostTables", "TableState", "aligned", "build_table", "grad_column", "host_rows",
-           "programs", "signed64", "step_state"]
+           "signed64", "step_state"]
 
 # build_table writes the host columns in this order, one list per row.
 if (COL_PARAM, COL_GRAD, COL_EXP_AVG, COL_EXP_AVG_SQ, COL_P_INIT, COL_STEP, COL_NUMEL,
@@ -55,29 +55,35 @@ def aligned(ptrs: Sequence[int]) -> bool:
     return not functools.reduce(operator.or_, ptrs, 0) % ALIGN_BYTES
 
 
+def _q8_fields(group: LaunchGroup, j: int) -> tuple:
+    """(scale_m address, scale_v address, row_len) of tensor j; (0, 0, 0) unless q8."""
+    if group.state_dtype != Q8:
+        return (0, 0, 0)
+    return (group.exp_avg_scales[j].data_ptr(), group.exp_avg_sq_scales[j].data_ptr(),
+            int(group.q8_rows[j][1]))
+
+
 def host_rows(group: LaunchGroup) -> List[tuple]:
     """Every tensor's row as ints, in the C++ engine's RowTuple order (engine/group.h): param,
     grad, exp_avg, exp_avg_sq, p_init (0 unbounded), step, numel, elem_offset, param_index,
-    global_numel, then for q8 moments the addresses of the scales of m and of v and the block
-    row's length K (0, 0, 0 for other state dtypes). Addresses are read from the tensors here."""
+    global_numel, then q8's scale_m, scale_v and row_len (0, 0, 0 for other state dtypes).
+    Addresses are read from the tensors here."""
     bounded = group.hyper.bound_mode != 0
-    q8 = group.state_dtype == Q8
     return [(p.data_ptr(), group.grads[j].data_ptr(), group.exp_avgs[j].data_ptr(),
              group.exp_avg_sqs[j].data_ptr(), group.p_inits[j].data_ptr() if bounded else 0,
              group.steps[j].data_ptr(), p.numel(), int(group.elem_offsets[j]),
-             int(group.param_indices[j]), int(group.global_numels[j]))
-            + ((group.exp_avg_scales[j].data_ptr(), group.exp_avg_sq_scales[j].data_ptr(),
-                int(group.q8_rows[j][1])) if q8 else (0, 0, 0))
+             int(group.param_indices[j]), int(group.global_numels[j])) + _q8_fields(group, j)
             for j, p in enumerate(group.params)]
 
 
-def programs(numel: int, row_len: int, block: int) -> int:
-    """The programs of ``block`` elements a tensor owns: ceil(numel / block), or for q8
-    moments (``row_len`` K > 0) whole q8 blocks, block / 256 a program:
-    ceil(numel / K * ceil(K / 256) / (block / 256))."""
-    if not row_len:
-        return -(-numel // block)
-    return -(-(numel // row_len) * -(-row_len // Q8_BLOCK) // (block // Q8_BLOCK))
+def _programs(numel: int, row_len: int, block: int) -> int:
+    """Programs of ``block`` elements one tensor owns: ceil(numel / block); a q8 tensor's
+    (row_len > 0) each own block / 256 whole q8 blocks in (row, block) order."""
+    if row_len > 0:
+        per = block // Q8_BLOCK
+        nq = numel // row_len * -(-row_len // Q8_BLOCK)
+        return -(-nq // per)
+    return -(-numel // block)
 
 
 def build_table(group: LaunchGroup, block: int) -> HostTables:
@@ -85,7 +91,7 @@ def build_table(group: LaunchGroup, block: int) -> HostTables:
     (a tensor with no element owns no program), from :func:`host_rows`."""
     n = len(group.params)
     rows = host_rows(group)
-    per = [programs(r[6], r[12], block) for r in rows]
+    per = [_programs(r[6], r[12], block) for r in rows]
     starts, acc = [], 0
     for nb in per:
         starts.append(acc)
