@@ -96,7 +96,7 @@ def _decide(y, e, ca, cb_of_up, up, words):
 def _code_m(y, words):
     """The stochastic code of m for the normalised value y in [-1, 1]."""
     r = _cbrt_estimate(tl.abs(y))
-    z = tl.where(y < 0, 128.0 - 128.0 * r, 128.0 + 127.0 * r)
+    z = 128.0 + tl.where(y < 0, -128.0, 127.0) * r
     e = tl.minimum((z - 0.5).to(tl.int32), 254)  # z - 0.5 > -1: truncation is the floor
     ca = _cm(e + 1)
     up = ca <= y
@@ -127,12 +127,15 @@ def _block_scale(x, mask):
 
 
 @triton.jit
-def _normalise(x, scale):
+def _normalise(x, scale, SIGNED: tl.constexpr):
     """y = sign(x) where |x| = scale, else fl(x fl(1 / scale)) (one division a block); 0 where
-    the scale is 0 or NaN (those elements store the zero code)."""
+    the scale is 0 or NaN (those elements store the zero code). Not SIGNED: x >= 0 (v')."""
     special = (scale != scale) | (scale == 0.0)
     r = tl.div_rn(1.0 + scale * 0.0, tl.where(special, 1.0, scale))
-    y = tl.where(tl.abs(x) == scale, tl.where(x < 0, -1.0, 1.0), x * r)
+    if SIGNED:
+        y = tl.where(tl.abs(x) == scale, tl.where(x < 0, -1.0, 1.0), x * r)
+    else:
+        y = tl.where(x == scale, 1.0, x * r)
     return tl.where(special, 0.0, y)
 
 

@@ -155,7 +155,7 @@ def _requantize(x, mask, words_key, first, STREAM: tl.constexpr, SIGNED: tl.cons
                 ALIGNED: tl.constexpr, WIDE: tl.constexpr):
     """(codes as uint8, the blocks' scales [NQB]) of the float32 tile x (m' or v')."""
     scale = _block_scale(x, mask)
-    y = _normalise(x, scale[None, :, None])
+    y = _normalise(x, scale[None, :, None], SIGNED)
     words = _q8_words(words_key, first, STREAM, ALIGNED, WIDE)
     if SIGNED:
         code = _code_m(y, words)
