@@ -16,8 +16,9 @@ with no table lookup and no division an element:
   comparison with C[e + 1] decides, and the other bracket value is one more evaluation;
 - the decision T * (C[hi] - C[lo]) < y - C[lo] with T = (R16 + 1/2) 2^-16 made by bits.
 
-A q8 tile is [32, NQB, 8]: NQB blocks of 256 elements (the middle axis), each as 32 rows of eight (one Philox
-call a row, as the bf16 stochastic rounding draws them; kernels/rounding.py).
+A q8 tile is [32, NQB, 8]: NQB blocks of 256 elements (the middle axis: one warp a block, so a
+block's maximum is reduced within its warp), each as 32 rows of eight (one Philox call a row,
+as the bf16 stochastic rounding draws them; kernels/rounding.py).
 """
 import triton
 import triton.language as tl

@@ -254,8 +254,8 @@ def _q8_update_block(table, block_map, stats, found_inf, lr_ptr, seed, sign, bet
         ok, ok_b = _skip_masks(found_inf, offs, qb, CHECK_FLAG)
         _q8_update_tile(p_ptr, g_ptr, mc_ptr, vc_ptr, p0_ptr, sm_ptr, sv_ptr, offs, None, qb,
                         None, elem_offset + first, ok, ok_b, key, lr, sign, beta1, beta2, eps,
-                        rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, SR, BOUND_MODE, USE_CLIP, 1,
-                        WIDE)
+                        rbc1, rbc2, decay, tau, bound, P_DTYPE, G_DTYPE, SR, BOUND_MODE, USE_CLIP,
+                        1, WIDE)
     else:
         qb, first, offs, mask, qmask = _q8_tile(local, numel, row_len, NQB)
         ok, ok_b = _skip_masks(found_inf, offs, qb, CHECK_FLAG)
