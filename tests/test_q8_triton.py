@@ -60,8 +60,7 @@ def test_interpreted_suite_in_child_process():
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
          os.path.abspath(__file__)],
-        cwd=os.path.dirname(os.path.abspath(__file__)), env=env, capture_output=True, text=True,
-        timeout=1800)
+        cwd=root, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, ("interpreted q8 kernel tests failed in the child process:\n"
                                   + proc.stdout[-8000:] + proc.stderr[-4000:])
 
