@@ -24,6 +24,8 @@ from conftest import require, requires_triton, skip_because
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "python", "luminamoon")
 KERNELS_SRC = os.path.join(PACKAGE, "kernels", "tdclm.py")  # every @triton.jit kernel
+ARITH_SRC = os.path.join(PACKAGE, "kernels", "arith.py")  # the kernels' element helpers
+Q8_SRC = os.path.join(PACKAGE, "kernels", "tdclm_q8.py")  # the programs of q8 moments
 CATALOG_SRC = os.path.join(PACKAGE, "kernels", "catalog.py")  # KERNEL_SPECS
 
 
@@ -86,10 +88,12 @@ def package_modules() -> List[str]:
 
 
 def test_the_walk_sees_the_kernels():
-    names = {fn.name for fn in jit_functions(open(KERNELS_SRC).read(), KERNELS_SRC)}
+    names = {fn.name for src in (KERNELS_SRC, ARITH_SRC, Q8_SRC)
+             for fn in jit_functions(open(src).read(), src)}
     for kernel in ("_lumina_tdclm_pass1_kernel", "_lumina_tdclm_reduce_kernel",
                    "_lumina_tdclm_pass2_kernel", "_lumina_adamw_single_pass_kernel",
-                   "_lumina_tdclm_commit_kernel", "_moment_update", "_triton_tanh_fast"):
+                   "_lumina_tdclm_commit_kernel", "_moment_update", "_triton_tanh_fast",
+                   "_q8_update_block", "_q8_pass1_block"):
         assert kernel in names
 
 

@@ -49,7 +49,7 @@ def parse_archs(text: str) -> Tuple[Any, ...]:
 
 
 def parse_dtype_combos(texts: Sequence[str]) -> List[Tuple[Any, Any, Any]]:
-    """``["fp32:fp32:fp32,bf16:bf16:fp32"]`` -> ``[(torch.float32,)*3, (bf16, bf16, fp32)]``."""
+    """``["fp32:fp32:fp32,bf16:bf16:q8"]`` -> ``[(torch.float32,)*3, (bf16, bf16, "q8")]``."""
     import torch
 
     combos = []
@@ -63,11 +63,14 @@ def parse_dtype_combos(texts: Sequence[str]) -> List[Tuple[Any, Any, Any]]:
                 raise ValueError(f"--dtypes entries are param:grad:state, e.g. bf16:bf16:fp32; "
                                  f"got {combo!r}")
             dtypes = []
-            for p in parts:
+            for i, p in enumerate(parts):
+                if i == 2 and p.strip().lower() == "q8":  # q8 moments (docs/tdclm.md)
+                    dtypes.append("q8")
+                    continue
                 name = DTYPE_NAMES.get(p.strip().lower())
                 if name is None:
                     raise ValueError(f"unknown dtype {p!r} in --dtypes {combo!r}; use fp32, bf16 "
-                                     "or fp16")
+                                     "or fp16 (and q8 for the state)")
                 dtypes.append(getattr(torch, name))
             combos.append(tuple(dtypes))
     if not combos:

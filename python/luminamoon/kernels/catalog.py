@@ -9,7 +9,8 @@ import torch
 
 from . import tdclm
 from .keys import variant_key
-from .layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, LaunchFlags
+from .layout import BOUND_MODES, DTYPE_CODES, NONFINITE_POLICIES, S_DTYPE_Q8, LaunchFlags
+from .quant import Q8
 
 __all__ = [
     "COMPILE_OPTIONS",
@@ -23,6 +24,7 @@ __all__ = [
     "variants_for",
     "all_variants",
     "DEFAULT_DTYPE_COMBOS",
+    "Q8_DTYPE_COMBOS",
 ]
 
 # Compiler options every variant is built with, by the JIT launcher and the AOT builder alike.
@@ -132,6 +134,12 @@ SINGLE_PASS_16BIT_MAXNREG = 64
 # 2009.3 at (48, 64), 2008.0 at (56, 64), 2052.2 at (48, none), 2059.8 at (64, 64).
 SR_16BIT_PASS1_MAXNREG = 48
 SR_16BIT_MAXNREG = 64
+# Register cap of the q8 update kernels (S_DTYPE 3, pass 2 and the single pass): their masked
+# branches (row lengths that 256 does not divide, a tensor's last program) take far more
+# registers than the full branch every program of a 256-aligned tensor runs (sm_90, Triton 3.6:
+# 120 registers the full branch alone, 222 the whole kernel), and registers are allotted by the
+# kernel's heaviest branch; capped, the masked branches spill instead.
+Q8_MAXNREG = 128
 # Commit: one program; 1024 counters per chunk covers the 1000-tiny-tensor case in one pass.
 COMMIT_TBLOCK = 1024
 COMMIT_WARPS = 4
@@ -195,13 +203,15 @@ def variants_for(param_dtype, grad_dtype, state_dtype, flags: LaunchFlags) -> Di
     needed, else {"single_pass", "commit"}."""
     p = _dtype_code(param_dtype, "param")
     g = _dtype_code(grad_dtype, "grad")
-    s = _dtype_code(state_dtype, "state")
+    s = S_DTYPE_Q8 if state_dtype == Q8 else _dtype_code(state_dtype, "state")
     if s == 2:
         raise ValueError("state_dtype float16 is not supported; use float32 or bfloat16")
     sr, bound_mode = int(flags.sr), int(flags.bound_mode)
     use_clip, check = int(flags.use_clip), int(flags.check)
     out: Dict[str, Variant] = {}
-    sr_16bit = bool(sr) and g != 0 and s != 0  # every tensor a pass touches 16-bit, and SR
+    # every tensor a pass touches 16-bit, and SR (the caps were measured for float moments;
+    # q8 variants keep the compiler's choice)
+    sr_16bit = bool(sr) and g != 0 and s in (1, 2)
     if flags.needs_pass1:
         out["pass1"] = _make_variant(
             "pass1", dict(G_DTYPE=g, S_DTYPE=s, SR=sr, NEED_SUM=use_clip, BLOCK=ELEMENTWISE_BLOCK),
@@ -211,13 +221,15 @@ def variants_for(param_dtype, grad_dtype, state_dtype, flags: LaunchFlags) -> Di
         out["pass2"] = _make_variant(
             "pass2", dict(P_DTYPE=p, G_DTYPE=g, S_DTYPE=s, SR=sr, BOUND_MODE=bound_mode,
                           USE_CLIP=use_clip, CHECK_FLAG=check, BLOCK=ELEMENTWISE_BLOCK),
-            ELEMENTWISE_WARPS, SR_16BIT_MAXNREG if sr_16bit and p != 0 else None)
+            ELEMENTWISE_WARPS, Q8_MAXNREG if s == S_DTYPE_Q8 else
+            SR_16BIT_MAXNREG if sr_16bit and p != 0 else None)
     else:
-        all_16bit = p != 0 and g != 0 and s != 0
+        all_16bit = p != 0 and g != 0 and s in (1, 2)
         out["single_pass"] = _make_variant(
             "single_pass", dict(P_DTYPE=p, G_DTYPE=g, S_DTYPE=s, SR=sr, BOUND_MODE=bound_mode,
                                 BLOCK=ELEMENTWISE_BLOCK),
-            ELEMENTWISE_WARPS, SINGLE_PASS_16BIT_MAXNREG if all_16bit and not sr else None)
+            ELEMENTWISE_WARPS, Q8_MAXNREG if s == S_DTYPE_Q8 else
+            SINGLE_PASS_16BIT_MAXNREG if all_16bit and not sr else None)
     out["commit"] = _make_variant("commit", dict(CHECK_FLAG=check, TBLOCK=COMMIT_TBLOCK),
                                   COMMIT_WARPS)
     return out
@@ -237,7 +249,12 @@ DEFAULT_DTYPE_COMBOS: List[Tuple[torch.dtype, torch.dtype, torch.dtype]] = [
 ]
 
 
-def all_variants(dtype_combos=DEFAULT_DTYPE_COMBOS) -> List[Variant]:
+# q8 moments (state "q8") with every (param, grad) pair the float moments ship with.
+Q8_DTYPE_COMBOS: List[Tuple[torch.dtype, torch.dtype, str]] = list(dict.fromkeys(
+    (p, g, Q8) for p, g, _s in DEFAULT_DTYPE_COMBOS))
+
+
+def all_variants(dtype_combos=DEFAULT_DTYPE_COMBOS + Q8_DTYPE_COMBOS) -> List[Variant]:
     """Every variant the given (param, grad, state) dtype combos may launch, deduplicated, in
     key order: all bound modes, clip on/off, every nonfinite policy, SR on/off (normalised)."""
     seen: Dict[str, Variant] = {}

@@ -24,7 +24,7 @@ __all__ = ["BACKEND_NAMES", "BackendUnavailableError", "aot_bundle_dir", "get_ba
 # The backends that step q8 moments (state_dtype="q8"); "auto" falls back to the reference
 # backend for them where its first choice does not (on CPU it picks the cpu engine, as for
 # other groups).
-Q8_BACKENDS = ("reference", "cpu", "aot")
+Q8_BACKENDS = ("reference", "triton", "cpu", "aot")
 
 _FIXES = {
     "triton": "install Triton (pip install 'luminamoon[triton]'), or pass backend='reference'",
@@ -177,7 +177,7 @@ def select_backend(choice, group: LaunchGroup, *, aot_bundle=None) -> Backend:
         return backend
     if choice == "auto":
         return _instance("reference")
-    if group.state_dtype == Q8:
+    if group.state_dtype == Q8 and backend.name not in Q8_BACKENDS:
         raise ValueError(
             f"backend {backend.name!r} does not step state_dtype='q8' yet ({_describe(group)}); "
             f"the backends that support q8 moments: {', '.join(Q8_BACKENDS)}. Fix: "

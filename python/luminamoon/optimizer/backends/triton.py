@@ -14,6 +14,7 @@ import triton
 from ...kernels.catalog import COMMIT_LAST_VARIANT, ELEMENTWISE_BLOCK, variants_for
 from ...kernels.launch import launcher
 from ...kernels.layout import ALIGN_BYTES, DTYPE_CODES
+from ...kernels.quant import Q8
 from ...kernels.rounding import INTERPRET as _INTERPRET
 from .._groups import LaunchGroup
 from .._validation import _same_device
@@ -85,7 +86,7 @@ class TritonBackend(Backend):
     def supports(self, group: LaunchGroup) -> bool:
         if group.param_dtype not in DTYPE_CODES or group.grad_dtype not in DTYPE_CODES:
             return False
-        if group.state_dtype not in (torch.float32, torch.bfloat16):
+        if group.state_dtype not in (torch.float32, torch.bfloat16, Q8):
             return False
         return _device_supported(group.device)
 
