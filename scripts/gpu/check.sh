@@ -25,7 +25,8 @@
 #              Q8_CASES (default the 256M tensor and GPT-2 124M, bf16 and fp32 params); then
 #              bench_q8_quality (Q8_RUNS: its runs, default all four; Q8_QUALITY_ARGS), PYTHONPATH
 #              Q8_SRC (default the build, else this tree's python/) and build/gpu-site; about
-#              8 min on an H100 (Q8_BENCH_LIMIT 300 s, Q8_QUALITY_LIMIT 330 s)
+#              8 min on an H100 (Q8_BENCH_LIMIT 300 s, Q8_QUALITY_LIMIT 330 s); Q8_PARTS=bench
+#              or Q8_PARTS=quality runs one of the two
 #   kernels    bench_kernels: device time per kernel of one step
 #   cbench     luminav bench: the C++ engine's host time per step
 #   tune       tune_launch: launch shapes of the update kernels
@@ -159,12 +160,14 @@ if has q8; then
       || echo "    (installing .whl/*.whl failed: $OUT/wheels-q8.log; the peers' rows will say why)"
   fi
   Q8_PATH="${Q8_SRC:-$([ -d "$NEW/luminamoon" ] && echo "$NEW" || echo "$PWD/python")}:$PWD/build/gpu-site"
+  case " ${Q8_PARTS:-bench quality} " in *" bench "*)
   TAILN=40 stage bench-q8 "${Q8_BENCH_LIMIT:-300}" env PYTHONPATH="$Q8_PATH" $PY benchmarks/bench_step.py \
     --device "$DEVICE" --cases "$Q8_CASES" \
     --modes adamw,adamw-q8,clip-q8 --impls "${IMPLS:-$IMPL},torch-adamw-fused,torchao-adamw8bit,bnb-adamw8bit" \
-    --steps 10 --out "$OUT/bench-q8.csv"
+    --steps 10 --out "$OUT/bench-q8.csv" ;; esac
+  case " ${Q8_PARTS:-bench quality} " in *" quality "*)
   TAILN=16 stage q8-quality "${Q8_QUALITY_LIMIT:-330}" env PYTHONPATH="$Q8_PATH" $PY benchmarks/bench_q8_quality.py \
-    --device "$DEVICE" ${Q8_RUNS:+--runs "$Q8_RUNS"} ${Q8_QUALITY_ARGS:-} --out "$OUT/q8-quality"
+    --device "$DEVICE" ${Q8_RUNS:+--runs "$Q8_RUNS"} ${Q8_QUALITY_ARGS:-} --out "$OUT/q8-quality" ;; esac
 fi
 if has kernels; then
   for cm in "one-256M/fp32 clip" "one-256M/bf16 adamw-bf16m-rne"; do
