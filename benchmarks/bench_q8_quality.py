@@ -28,6 +28,11 @@ why.
 
     PYTHONPATH=python python benchmarks/bench_q8_quality.py --out benchmarks/results/DATE-q8-quality
     PYTHONPATH=python python benchmarks/bench_q8_quality.py --quick --device cpu --out /tmp/q  # smoke
+
+--model demo makes the same comparison on the demo's model (luminamoon.demo's TinyGPT, its
+sizes, 400 steps, its lr, betas and weight decay; this benchmark's schedule), for the CPU:
+
+    PYTHONPATH=python python benchmarks/bench_q8_quality.py --model demo --device cpu --out DIR/q8-demo
 """
 from __future__ import annotations
 
@@ -55,6 +60,11 @@ SIZES = (("steps", 2000, 40), ("layers", 12, 2), ("d-model", 768, 64), ("heads",
          ("seq", 256, 32), ("batch", 16, 8), ("eval-every", 250, 20), ("eval-batches", 16, 4),
          ("warmup", 100, 10), ("timing-warmup", 20, 5), ("train-bytes", 4_000_000, 200_000),
          ("val-bytes", 400_000, 40_000))
+# --model demo: the demo's model and sizes (luminamoon.demo: Config's defaults, its TinyGPT
+# with an untied head), its lr, betas and weight decay, for the same comparison on the CPU
+DEMO = dict(steps=400, layers=2, d_model=128, heads=4, seq=64, batch=16, eval_every=50,
+            eval_batches=8, warmup=30, timing_warmup=10, train_bytes=1_200_000,
+            val_bytes=150_000, lr=1e-3, betas="0.9,0.99", weight_decay=0.01)
 RUNS = ("lumina-fp32m", "lumina-q8", "torchao-8bit", "torch-adamw")
 BASELINE = "lumina-fp32m"
 # the quality targets: q8 within 0.5 % of float32 moments, and no worse than torchao's 8-bit
@@ -69,19 +79,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, full, quick in SIZES:
         ap.add_argument(f"--{name}", type=int, default=None,
                         help=f"default {full} ({quick} with --quick)")
-    ap.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default 6e-4)")
-    ap.add_argument("--betas", default="0.9,0.95")
-    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--model", choices=("gpt2", "demo"), default="gpt2",
+                    help="gpt2: bench_memory's GPT of GPT-2 small's body (default); demo: the "
+                         "demo's model, sizes and hyperparameters (400 steps, for the CPU)")
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default 6e-4)")
+    ap.add_argument("--betas", default=None, help="default 0.9,0.95")
+    ap.add_argument("--weight-decay", type=float, default=None, help="default 0.1")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--amp", choices=("auto", "bf16", "off"), default="auto",
                     help="bf16 autocast of forward and backward (auto: on CUDA)")
     ap.add_argument("--quick", action="store_true", help="a tiny model, 40 steps (CPU smoke)")
     ap.add_argument("--out", default=None, help="path prefix: writes PREFIX.csv and PREFIX.md")
     args = ap.parse_args(argv)
+    defaults = dict(lr=6e-4, betas="0.9,0.95", weight_decay=0.1)
     for name, full, quick in SIZES:
-        attr = name.replace("-", "_")
+        defaults[name.replace("-", "_")] = quick if args.quick else full
+    if args.model == "demo":
+        defaults.update(DEMO)
+    for attr, value in defaults.items():
         if getattr(args, attr) is None:
-            setattr(args, attr, quick if args.quick else full)
+            setattr(args, attr, value)
     unknown = [r for r in args.runs.split(",") if r not in RUNS]
     if unknown:
         ap.error(f"--runs: unknown {unknown}; choose from {', '.join(RUNS)}")
@@ -112,6 +129,17 @@ class Data:
     def batch(self, data, offsets):
         rows = data[offsets.to(data.device)[:, None] + self.window]
         return rows[:, :-1], rows[:, 1:]
+
+
+def make_model(args, vocab: int):
+    """The run's model on the CPU, initialised from the global seed."""
+    if args.model == "demo":
+        from luminamoon.demo.config import Config
+        from luminamoon.demo.model import make_model_class
+
+        cfg = Config(d_model=args.d_model, n_layer=args.layers, n_head=args.heads, ctx=args.seq)
+        return make_model_class()(vocab, cfg)
+    return GPT(vocab, args.seq, args.d_model, args.layers, args.heads)
 
 
 def make_optimizer(run: str, params, args):
@@ -177,7 +205,7 @@ def backend_of(opt) -> str:
 
 
 def train(run: str, args, data: Data, device: torch.device, init_state) -> dict:
-    model = GPT(len(data.vocab), args.seq, args.d_model, args.layers, args.heads).to(device)
+    model = make_model(args, len(data.vocab)).to(device)
     model.load_state_dict(init_state)
     opt = make_optimizer(run, list(model.parameters()), args)
     amp = args.amp == "bf16" or (args.amp == "auto" and device.type == "cuda")
@@ -234,15 +262,15 @@ def main(argv=None) -> int:
     data = Data(args, device)
     torch.manual_seed(args.seed)
     init_state = {k: v.detach().clone() for k, v in
-                  GPT(len(data.vocab), args.seq, args.d_model, args.layers,
-                      args.heads).state_dict().items()}
+                  make_model(args, len(data.vocab)).state_dict().items()}
     n_params = sum(v.numel() for k, v in init_state.items())
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     amp = args.amp == "bf16" or (args.amp == "auto" and device.type == "cuda")
     stamp = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
                  device=where, torch=torch.__version__, luminamoon=luminamoon.__version__)
+    what = "the demo's GPT" if args.model == "demo" else "GPT"
     head = (f"bench_q8_quality on {where}, torch {torch.__version__}, luminamoon "
-            f"{luminamoon.__version__}: GPT {args.layers} layers, d {args.d_model}, "
+            f"{luminamoon.__version__}: {what} {args.layers} layers, d {args.d_model}, "
             f"{args.heads} heads, {n_params:,} parameters, vocabulary {len(data.vocab)} "
             f"characters; {args.steps} steps of {args.batch} x {args.seq} tokens, "
             f"{'bf16 autocast' if amp else 'float32'}, lr {args.lr:g}, betas {args.betas}, "
