@@ -10,6 +10,9 @@ rounding streams. Runs:
 - lumina-q8:     LuminaMoon, q8 moments (state_dtype="q8")
 - torchao-8bit:  torchao's AdamW8bit (torchao.optim, blocks of 256)
 - torch-adamw:   torch's AdamW (fused where this torch has it), a reference
+and on request (--runs) lumina-q8-adamw: LuminaMoon with q8 moments in its AdamW mode (clip 0,
+non-finite gradients propagated), the same update rule as torchao's, so that the two 8-bit
+stores are compared alone.
 All with the same lr schedule (linear warm-up, cosine decay to 10 %), betas, eps and weight
 decay; LuminaMoon with its defaults otherwise (TDCLM: clip 4, non-finite steps skipped).
 
@@ -26,13 +29,13 @@ storages of the optimizer's state); writes PREFIX.csv (every evaluation) and PRE
 table) with --out PREFIX. A run that cannot run here (torchao not installed) gets a row saying
 why.
 
-    PYTHONPATH=python python benchmarks/bench_q8_quality.py --out benchmarks/results/DATE-q8-quality
-    PYTHONPATH=python python benchmarks/bench_q8_quality.py --quick --device cpu --out /tmp/q  # smoke
+    PYTHONPATH=python python benchmarks/bench_q8_quality.py --out benchmarks/results/DATE-q8
+    PYTHONPATH=python python benchmarks/bench_q8_quality.py --quick --device cpu --out /tmp/q
 
 --model demo makes the same comparison on the demo's model (luminamoon.demo's TinyGPT, its
 sizes, 400 steps, its lr, betas and weight decay; this benchmark's schedule), for the CPU:
 
-    PYTHONPATH=python python benchmarks/bench_q8_quality.py --model demo --device cpu --out DIR/q8-demo
+    PYTHONPATH=python python benchmarks/bench_q8_quality.py --model demo --device cpu --out q8
 """
 from __future__ import annotations
 
@@ -66,6 +69,7 @@ DEMO = dict(steps=400, layers=2, d_model=128, heads=4, seq=64, batch=16, eval_ev
             eval_batches=8, warmup=30, timing_warmup=10, train_bytes=1_200_000,
             val_bytes=150_000, lr=1e-3, betas="0.9,0.99", weight_decay=0.01)
 RUNS = ("lumina-fp32m", "lumina-q8", "torchao-8bit", "torch-adamw")
+MORE_RUNS = ("lumina-q8-adamw",)
 BASELINE = "lumina-fp32m"
 # the quality targets: q8 within 0.5 % of float32 moments, and no worse than torchao's 8-bit
 Q8_TOLERANCE = 0.005
@@ -75,7 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--backend", default="auto", help="LuminaMoon's backend (default auto)")
-    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {RUNS}")
+    ap.add_argument("--runs", default=",".join(RUNS),
+                    help=f"comma-separated, of {RUNS + MORE_RUNS} (default the first four)")
     for name, full, quick in SIZES:
         ap.add_argument(f"--{name}", type=int, default=None,
                         help=f"default {full} ({quick} with --quick)")
@@ -99,9 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for attr, value in defaults.items():
         if getattr(args, attr) is None:
             setattr(args, attr, value)
-    unknown = [r for r in args.runs.split(",") if r not in RUNS]
+    unknown = [r for r in args.runs.split(",") if r not in RUNS + MORE_RUNS]
     if unknown:
-        ap.error(f"--runs: unknown {unknown}; choose from {', '.join(RUNS)}")
+        ap.error(f"--runs: unknown {unknown}; choose from {', '.join(RUNS + MORE_RUNS)}")
     if args.steps < 2 * args.timing_warmup:
         ap.error(f"--steps must be >= 2 x --timing-warmup ({2 * args.timing_warmup}), got "
                  f"{args.steps}")
@@ -145,9 +150,10 @@ def make_model(args, vocab: int):
 def make_optimizer(run: str, params, args):
     """The run's optimizer, or raises (ImportError for a peer that is not installed)."""
     common = dict(lr=args.lr, betas=args.betas, weight_decay=args.weight_decay)
-    if run in ("lumina-fp32m", "lumina-q8"):
-        return LuminaMoon(params, state_dtype="q8" if run == "lumina-q8" else torch.float32,
-                          seed=args.seed, backend=args.backend, **common)
+    if run.startswith("lumina-"):
+        adamw_mode = dict(clip=0.0, nonfinite="propagate") if run.endswith("-adamw") else {}
+        return LuminaMoon(params, state_dtype="q8" if "q8" in run else torch.float32,
+                          seed=args.seed, backend=args.backend, **adamw_mode, **common)
     if run == "torchao-8bit":
         from torchao.optim import AdamW8bit
 
@@ -280,7 +286,7 @@ def main(argv=None) -> int:
     results, notes = {}, {}
     for run in args.runs.split(","):
         t0 = time.perf_counter()
-        notes[run] = q8_blocker(args, device) if run == "lumina-q8" else None
+        notes[run] = q8_blocker(args, device) if run.startswith("lumina-q8") else None
         if notes[run] is None:
             try:
                 results[run] = train(run, args, data, device, init_state)
@@ -343,10 +349,14 @@ def report(args, results: dict, notes: dict, head: str, stamp: dict, final: bool
         verdicts.append(f"q8 moments vs float32 moments: {100 * rel:+.3f}% (target within "
                         f"{100 * Q8_TOLERANCE:.1f}%: "
                         f"{'met' if abs(rel) <= Q8_TOLERANCE else 'MISSED'})")
-        if "torchao-8bit" in results:
-            ao = results["torchao-8bit"]["curve"][-1][2]
-            verdicts.append(f"q8 moments {q8:.4f} vs torchao AdamW8bit {ao:.4f}: "
-                            f"{'no worse' if q8 <= ao else 'WORSE'}")
+    if "torchao-8bit" in results:
+        ao = results["torchao-8bit"]["curve"][-1][2]
+        for run, what in (("lumina-q8", "q8 moments"),
+                          ("lumina-q8-adamw", "q8 moments, AdamW mode")):
+            if run in results:
+                val = results[run]["curve"][-1][2]
+                verdicts.append(f"{what} {val:.4f} vs torchao AdamW8bit {ao:.4f}: "
+                                f"{'no worse' if val <= ao else 'WORSE'}")
     header = ["run", "backend", "final val loss", "vs lumina-fp32m", "tokens/s",
               "state B/param", "seconds", "note"]
     if final:
