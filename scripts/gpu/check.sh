@@ -20,6 +20,13 @@
 #              without its native module and .oldtree/, alternating, ROUNDS rounds; GRADS="kept
 #              new" times new gradient tensors each step too
 #   sr         the stochastic-rounding modes beside the peers (.whl/: torchao, torch-optimi)
+#   q8         q8 moments: bench_step's adamw-q8 and clip-q8 rows (and fp32 moments' adamw) beside
+#              torchao's and bitsandbytes' AdamW8bit (.whl/, installed into build/gpu-site), on
+#              Q8_CASES (default the 256M tensor and GPT-2 124M, bf16 and fp32 params); then
+#              bench_q8_quality (Q8_RUNS: its runs, default all four; Q8_QUALITY_ARGS), PYTHONPATH
+#              Q8_SRC (default the build, else this tree's python/) and build/gpu-site; about
+#              8 min on an H100 (Q8_BENCH_LIMIT 300 s, Q8_QUALITY_LIMIT 330 s); Q8_PARTS=bench
+#              or Q8_PARTS=quality runs one of the two
 #   kernels    bench_kernels: device time per kernel of one step
 #   cbench     luminav bench: the C++ engine's host time per step
 #   tune       tune_launch: launch shapes of the update kernels
@@ -51,7 +58,7 @@ DEVICE=${CHECK_DEVICE:-cuda} DRY=${DRY_RUN:-0}
 ROUNDS=${ROUNDS:-2}
 deps="-DCMAKE_PREFIX_PATH=$PWD/.deps -DOPENSSL_ROOT_DIR=$PWD/.deps -DOPENSSL_USE_STATIC_LIBS=TRUE"
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(env build doctor pytest bench host)
-known=" env build doctor bundles ctest pytest bench host sr kernels cbench tune conv profile ncu cold packaging demo campaign "
+known=" env build doctor bundles ctest pytest bench host sr q8 kernels cbench tune conv profile ncu cold packaging demo campaign "
 for s in "${stages[@]}"; do
   case "$known" in *" $s "*) ;; *) echo "unknown stage '$s'; stages:$known" >&2; exit 2 ;; esac
 done
@@ -72,10 +79,12 @@ if [ "$DEVICE" = cuda ]; then
   ARCH=${ARCH:-$($PY -c "import torch; m, n = torch.cuda.get_device_capability(); print(m * 10 + n)" 2>/dev/null || echo 90)}
   IMPL=luminamoon-triton HOST_BACKEND=${HOST_BACKEND:-triton}
   CASES=${CASES:-one-256M/fp32,one-256M/bf16,gpt2-124m/fp32,gpt2-124m/bf16,tiny-1000/fp32}
+  Q8_CASES=${Q8_CASES:-one-256M/bf16,one-256M/fp32,gpt2-124m/bf16,gpt2-124m/fp32}
 else
   ARCH=${ARCH:-90}  # (the bundle is compiled for a GPU arch, with or without one here)
   IMPL=luminamoon-reference HOST_BACKEND=${HOST_BACKEND:-reference}
   CASES=${CASES:-tiny-1000/fp32}
+  Q8_CASES=${Q8_CASES:-small-mixed/fp32} Q8_QUALITY_ARGS=${Q8_QUALITY_ARGS:---quick}
 fi
 export PATH=$NEW/bin:$PATH
 
@@ -143,6 +152,22 @@ if has sr; then
   TAILN=30 stage bench-sr "${SR_LIMIT:-150}" env PYTHONPATH="${SR_SRC:-$NEW}:$PWD/build/gpu-site" $PY benchmarks/bench_step.py \
     --cases one-256M/bf16,gpt2-124m/bf16 --modes adamw,clip,adamw-bf16m,clip-bf16m,adamw-bf16m-rne \
     --impls luminamoon-triton,torch-adamw-fused,torchao-adamw-bf16sr,optimi-adamw --steps 10 --out "$OUT/bench-sr.csv"
+fi
+if has q8; then
+  # the peers' wheels (.whl/: bitsandbytes with its CUDA 13 library, torchao), once a machine
+  if [ "$DRY" != 1 ] && ! { [ -d build/gpu-site/bitsandbytes ] && [ -d build/gpu-site/torchao ]; }; then
+    $PY -m pip install -q --no-index --no-deps --upgrade --target build/gpu-site .whl/*.whl > "$OUT/wheels-q8.log" 2>&1 \
+      || echo "    (installing .whl/*.whl failed: $OUT/wheels-q8.log; the peers' rows will say why)"
+  fi
+  Q8_PATH="${Q8_SRC:-$([ -d "$NEW/luminamoon" ] && echo "$NEW" || echo "$PWD/python")}:$PWD/build/gpu-site"
+  case " ${Q8_PARTS:-bench quality} " in *" bench "*)
+  TAILN=40 stage bench-q8 "${Q8_BENCH_LIMIT:-300}" env PYTHONPATH="$Q8_PATH" $PY benchmarks/bench_step.py \
+    --device "$DEVICE" --cases "$Q8_CASES" \
+    --modes adamw,adamw-q8,clip-q8 --impls "${IMPLS:-$IMPL},torch-adamw-fused,torchao-adamw8bit,bnb-adamw8bit" \
+    --steps 10 --out "$OUT/bench-q8.csv" ;; esac
+  case " ${Q8_PARTS:-bench quality} " in *" quality "*)
+  TAILN=16 stage q8-quality "${Q8_QUALITY_LIMIT:-330}" env PYTHONPATH="$Q8_PATH" $PY benchmarks/bench_q8_quality.py \
+    --device "$DEVICE" ${Q8_RUNS:+--runs "$Q8_RUNS"} ${Q8_QUALITY_ARGS:-} --out "$OUT/q8-quality" ;; esac
 fi
 if has kernels; then
   for cm in "one-256M/fp32 clip" "one-256M/bf16 adamw-bf16m-rne"; do

@@ -4,7 +4,9 @@ A small GPT learns to write Python, character by character, from the standard li
 sources (nothing is downloaded). Every run of a comparison starts from the same initial weights
 and sees the same batches in the same order:
 
-  fp32       torch AdamW (the baseline) and LuminaMoon, float32 weights and moments;
+  fp32       torch AdamW (the baseline) and LuminaMoon, float32 weights and moments, and
+             LuminaMoon with q8 moments (one byte a moment and element, a float32 scale a
+             block of 256), where the backend of the runs steps them (else its row says why);
   bf16       pure bfloat16 weights and moments: torch AdamW (rounds to nearest) against
              LuminaMoon with seeded stochastic rounding (and LuminaMoon rounding to nearest,
              the control that isolates the rounding);
@@ -14,7 +16,8 @@ and sees the same batches in the same order:
              weights turn NaN (its run ends there); LuminaMoon skips that step on the device.
 
 It prints a progress bar per run and a table (validation loss, tokens/s and optimizer time per
-step after the first ten steps, which pay for kernel compilation; skipped steps), times the
+step after the first ten steps, which pay for kernel compilation; the optimizer state's bytes a
+parameter; skipped steps), times the
 optimizer step alone on this model for every LuminaMoon backend that runs here beside torch's
 AdamW, and writes to --out: loss_curves.png, step_time.png, results.md and results.csv.
 """

@@ -10,7 +10,8 @@ from typing import Optional
 
 from .config import Config, QUICK
 from .report import (findings, format_markdown, format_text, machine_line, plot_losses,
-                     plot_step_times, results_table, timing_table, usable_cores, write_csv)
+                     plot_step_times, results_table, state_bytes_note, timing_table,
+                     usable_cores, write_csv)
 from .runs import Session, available_backends, run_specs, time_optimizer_steps, train
 
 # --------------------------------------------------------------------------------------------
@@ -184,6 +185,7 @@ def main(argv=None) -> int:
     notes = findings(results, timings, cfg, device)
     print()
     print(format_text(run_rows))
+    print(f"({state_bytes_note(device)})")
     print()
     print(format_text(time_rows))
     print()
@@ -199,7 +201,8 @@ def main(argv=None) -> int:
               f"{wall:.0f} s; load average {load_start} at the start, {_load_average()} at "
               f"the end")
     with open(os.path.join(args.out, "results.md"), "w") as fh:
-        fh.write(f"{header}\n\n{format_markdown(run_rows)}\n\n{format_markdown(time_rows)}\n\n")
+        fh.write(f"{header}\n\n{format_markdown(run_rows)}\n\n({state_bytes_note(device)})\n\n"
+                 f"{format_markdown(time_rows)}\n\n")
         fh.write("\n".join("- " + line for line in notes) + "\n")
     write_csv(results, timings, cfg, os.path.join(args.out, "results.csv"), machine)
     written = [os.path.join(args.out, "results.md"), os.path.join(args.out, "results.csv")]

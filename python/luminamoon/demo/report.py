@@ -66,16 +66,29 @@ def fault_response(result: RunResult, first: int, until: int) -> Tuple[float, fl
 
 def results_table(results: List[RunResult], cfg: Config) -> List[List[str]]:
     warm = cfg.timing_warmup
-    rows = [["run", "backend", "val loss", "tokens/s", "opt ms/step", "skipped steps", "note"]]
+    rows = [["run", "backend", "val loss", "tokens/s", "opt ms/step", "state B/param",
+             "skipped steps", "note"]]
     for r in results:
+        if r.note:  # a run that could not run here
+            rows.append([r.spec.label, "", "n/a", "n/a", "n/a", "n/a", "", r.note])
+            continue
         note = ""
         if r.nan_from is not None:
             note = f"weights NaN from step {r.nan_from}"
         elif r.spec.inject:
             note = "trained through"
         rows.append([r.spec.label, r.backend, f"{r.final_val:.4f}", f"{r.tokens_per_s(warm):,.0f}",
-                     f"{r.opt_ms(warm):.3f}", str(r.skipped), note])
+                     f"{r.opt_ms(warm):.3f}", f"{r.state_bytes:.3f}", str(r.skipped), note])
     return rows
+
+
+def state_bytes_note(device) -> str:
+    """How the table's state bytes were measured."""
+    if device.type == "cuda":
+        return ("state B/param: torch.cuda.memory_allocated after the first optimizer step minus "
+                "before it, over the parameters' elements")
+    return ("state B/param: the bytes of the optimizer state's tensors (their storages), over "
+            "the parameters' elements")
 
 
 def timing_table(timings: List[StepTiming]) -> List[List[str]]:
@@ -129,6 +142,12 @@ def findings(results: List[RunResult], timings: List[StepTiming], cfg: Config,
     if a32 and l32:
         lines.append(f"fp32: LuminaMoon val loss {l32.final_val:.4f}, AdamW {a32.final_val:.4f} "
                      f"({l32.final_val - a32.final_val:+.4f}).")
+    q8 = by.get("q8-lumina")
+    if q8 and l32 and not q8.note:
+        lines.append(f"q8 moments: LuminaMoon val loss {q8.final_val:.4f} against "
+                     f"{l32.final_val:.4f} with float32 moments "
+                     f"({100 * (q8.final_val / l32.final_val - 1):+.2f}%), its state "
+                     f"{q8.state_bytes:.2f} B a parameter against {l32.state_bytes:.2f}.")
     a16, l16, rtn = by.get("bf16-adamw"), by.get("bf16-lumina"), by.get("bf16-lumina-rtn")
     if a16 and l16:
         text = (f"bf16 weights: stochastic rounding {l16.final_val:.4f} vs AdamW's "
@@ -180,13 +199,20 @@ def write_csv(results: List[RunResult], timings: List[StepTiming], cfg: Config, 
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["kind", "name", "backend", "dtype", "val_loss", "tokens_per_s",
-                    "opt_ms_per_step", "skipped_steps", "nan_from_step", "machine"])
+                    "opt_ms_per_step", "skipped_steps", "nan_from_step", "machine",
+                    "state_bytes_per_param", "note"])
         for r in results:
+            if r.note:
+                w.writerow(["run", r.spec.label, "", r.spec.dtype, "", "", "", "", "", machine,
+                            "", r.note])
+                continue
             w.writerow(["run", r.spec.label, r.backend, r.spec.dtype, f"{r.final_val:.6f}",
                         f"{r.tokens_per_s(warm):.1f}", f"{r.opt_ms(warm):.4f}", r.skipped,
-                        "" if r.nan_from is None else r.nan_from, machine])
+                        "" if r.nan_from is None else r.nan_from, machine,
+                        f"{r.state_bytes:.4f}", ""])
         for t in timings:
-            w.writerow(["step_time", t.name, "", t.dtype, "", "", f"{t.ms:.4f}", "", "", machine])
+            w.writerow(["step_time", t.name, "", t.dtype, "", "", f"{t.ms:.4f}", "", "", machine,
+                        "", t.note])
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,6 +260,7 @@ def plot_losses(results: List[RunResult], cfg: Config, path: str, title: str) ->
     plt = _pyplot()
     if plt is None:
         return None
+    results = [r for r in results if r.val_steps]  # (a run that did not run has no curve)
     fig, grid = plt.subplots(2, 2, figsize=(14, 9.5), dpi=110)
     (ax32, ax16), (axgap, axf) = grid
     width = max(1, cfg.steps // 60)

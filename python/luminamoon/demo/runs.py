@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class RunSpec:
     optimizer: str  # "adamw" or "luminamoon"
     dtype: str  # "float32" or "bfloat16"
     inject: bool = False
+    state: str = ""  # LuminaMoon's moments: "" (as dtype) or "q8"
     stochastic_rounding: bool = True
     color: str = "C0"
     style: str = "-"
@@ -58,6 +60,8 @@ class RunResult:
     skipped: int = 0
     nan_from: Optional[int] = None  # first step whose weights are NaN
     weights_finite: bool = True
+    state_bytes: float = math.nan  # the optimizer's state a parameter element (state_bytes())
+    note: str = ""  # why the run did not run, when it did not
 
     @property
     def final_val(self) -> float:
@@ -79,6 +83,9 @@ def run_specs(cfg: Config) -> List[RunSpec]:
     specs = [
         RunSpec("fp32-adamw", "fp32", "AdamW, fp32", "adamw", "float32", color="C0"),
         RunSpec("fp32-lumina", "fp32", "LuminaMoon, fp32", "luminamoon", "float32", color="C3"),
+        # q8 moments: one byte a moment and element (tensors of >= 4096 elements), fp32 weights
+        RunSpec("q8-lumina", "fp32", "LuminaMoon, fp32, q8 moments", "luminamoon", "float32",
+                state="q8", color="C2", style="-."),
         RunSpec("bf16-adamw", "bf16", "AdamW, bf16 round-to-nearest", "adamw", "bfloat16",
                 color="C0"),
         RunSpec("bf16-lumina", "bf16", "LuminaMoon, bf16 stochastic rounding", "luminamoon",
@@ -172,8 +179,9 @@ class Session:
         if (self.cpu_threads and self.device.type == "cpu" and backend in ("auto", "cpu")
                 and engine is not None):  # without the engine "auto" falls back to the reference
             backend = engine(num_threads=self.cpu_threads)
+        state_dtype = "q8" if spec.state == "q8" else getattr(torch, spec.state or spec.dtype)
         return LuminaMoon(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
-                          state_dtype=getattr(torch, spec.dtype), seed=self.seed,
+                          state_dtype=state_dtype, seed=self.seed,
                           backend=backend, aot_bundle=self.aot_bundle, **extra)
 
     def sync(self) -> None:
@@ -205,15 +213,60 @@ def _backend_of(opt) -> str:
     return "torch"
 
 
+def state_bytes(opt) -> int:
+    """Bytes of the storages behind ``opt.state``'s tensors, each storage once (on CPU the
+    demo's measure of the state: what the tensors hold, not what the allocator reserved)."""
+    import torch
+
+    seen, total = set(), 0
+    for state in opt.state.values():
+        for t in state.values():
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if (storage.data_ptr(), t.device) not in seen:
+                    seen.add((storage.data_ptr(), t.device))
+                    total += storage.nbytes()
+    return total
+
+
+def q8_blocker(session: Session) -> Optional[str]:
+    """None where the backend of the training runs steps q8 moments itself; else why not.
+    ("auto" would hand the q8 tensors to the reference backend, an oracle far slower than the
+    demo's time allows; a session on the reference backend runs every run there alike.)"""
+    import torch
+
+    name = session.backend
+    if name == "auto":
+        name = available_backends(session.device, session.aot_bundle)[0]
+    if name == "reference":
+        return None
+    p = torch.zeros(4096, device=session.device, requires_grad=True)
+    p.grad = torch.ones_like(p)
+    spec = RunSpec("probe", "", "", "luminamoon", "float32", state="q8")
+    try:
+        session.make_optimizer(spec, [p], backend=name).step()
+    except Exception as exc:  # noqa: BLE001 - the reason is the run's note
+        why = re.split(r" \(|; |\n", str(exc), maxsplit=1)[0]
+        return (f"not run: {type(exc).__name__}: {why} (the reference backend steps q8 moments, "
+                f"far slower than this demo's time allows: --backend reference runs every run "
+                f"there)")
+    return None
+
+
 def train(session: Session, spec: RunSpec, progress_factory: Callable) -> RunResult:
     import torch
     import torch.nn.functional as F
 
     cfg = session.cfg
+    result = RunResult(spec, tokens_per_step=cfg.batch * cfg.ctx)
+    if spec.state == "q8":
+        result.note = q8_blocker(session) or ""
+        if result.note:
+            return result
     model = session.fresh_model(spec.dtype)
     params = dict(model.named_parameters())
     opt = session.make_optimizer(spec, list(params.values()))
-    result = RunResult(spec, tokens_per_step=cfg.batch * cfg.ctx)
+    cuda = session.device.type == "cuda"
     losses = torch.full((cfg.steps,), math.nan, device=session.device)
     spikes, poisoned, nan_step = set(cfg.spike_range), cfg.poison_range, cfg.nan_step
     bar = progress_factory(total=cfg.steps, desc=f"{spec.label:<38}")
@@ -251,10 +304,15 @@ def train(session: Session, spec: RunSpec, progress_factory: Callable) -> RunRes
             if step == nan_step:
                 params[cfg.nan_param].grad.view(-1)[0] = math.nan
         session.sync()
+        allocated = torch.cuda.memory_allocated(session.device) if cuda and step == 0 else 0
         t0 = time.perf_counter()
         opt.step()
         session.sync()
         t1 = time.perf_counter()
+        if step == 0:  # the first step creates the state: on CUDA what the allocator gained
+            used = (torch.cuda.memory_allocated(session.device) - allocated if cuda
+                    else state_bytes(opt))
+            result.state_bytes = used / sum(p.numel() for p in params.values())
         result.opt_seconds.append(t1 - t0)
         losses[step] = loss.detach()
         result.step_seconds.append(t1 - start)
