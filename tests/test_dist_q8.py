@@ -1,16 +1,20 @@
 """q8 moments of DTensor parameters (docs/distributed.md, "q8 moments"), on CPU ranks over gloo.
 
-Every sharded run is compared with the unsharded single-process run of the same steps, bitwise:
-parameters, codes, scales, step counts and the skip decision. The shapes put shard boundaries
+Every sharded run is compared with the unsharded single-process run of the same steps on the
+same backend, bitwise: parameters, codes, scales, step counts and the skip decision. Every
+placement runs on the reference backend; the whole-block ones (no shard cuts a q8 block) on the
+C++ cpu engine too; and under backend auto, which steps cut blocks on the reference backend and
+whole blocks (and unsharded tensors) on the cpu engine. The shapes put shard boundaries
 inside q8 blocks of 256 elements (a 1-D parameter of 5000 elements on dim 0; Shard(1) of rows of
 130, 600 and 1200 elements; Shard(2) of a 3-D tensor), where each block's scale is the MAX over
 its ranks of their pieces' largest values, and whole-row shards (Shard(0) of 2-D and 3-D
-parameters, uneven, one of them empty on a rank), whose scales are sharded alike (with clip
-on, as for every state dtype, the parameters only to the last bit of the clip threshold). Four
-ranks: a 1-D mesh of 4 and 2x2 meshes, FSDP2 over tensor parallelism, and a DCP checkpoint of a
-2x2 run saved, resumed and (on two ranks, another mesh) resharded. Two ranks: a 1-D mesh of 2, FSDP2's fully_shard, conversion of
-float moments into q8 and back, the step inside backward under FSDP2, the eligibility rule on
-every rank, and the refusal of a backend that cannot reduce the blocks."""
+parameters, uneven, one of them empty on a rank, on 1-D and 2x2 meshes), whose scales are
+sharded alike (with clip on, as for every state dtype, the parameters only to the last bit of
+the clip threshold). Four ranks: a 1-D mesh of 4 and 2x2 meshes, FSDP2 over tensor parallelism,
+and a DCP checkpoint of a 2x2 run saved, resumed and (on two ranks, another mesh) resharded. Two
+ranks: a 1-D mesh of 2, FSDP2's fully_shard, conversion of float moments into q8 and back, the
+step inside backward under FSDP2, the eligibility rule on every rank, and the refusal of a
+backend that cannot reduce the blocks."""
 from __future__ import annotations
 
 import math
@@ -52,9 +56,10 @@ PLACEMENTS_2 = {  # mesh (2,)
     ("S0",): ("vec", "mat", "wide", "cube", "row"), ("S1",): ("mat", "wide", "cube", "row"),
     ("S2",): ("cube",), ("R",): ("wide",)}
 PLACEMENTS_4 = {("S0",): ("vec", "mat", "row"), ("S1",): ("wide", "cube")}  # mesh (4,)
-PLACEMENTS_2x2 = {  # mesh (2, 2): FSDP2 over TP's Shard(1), HSDP, and the reverse order
+PLACEMENTS_2x2 = {  # mesh (2, 2): FSDP2 over TP's Shard(1), HSDP, the reverse order, and
+    # whole rows on both mesh dims (rows sharded twice; rows replicated on the second)
     ("S0", "S1"): ("mat", "wide", "cube"), ("R", "S0"): ("vec", "row"),
-    ("S1", "S0"): ("wide", "cube")}
+    ("S1", "S0"): ("wide", "cube"), ("S0", "S0"): ("cube",), ("S0", "R"): ("mat",)}
 
 
 def _placements(names):
@@ -105,16 +110,30 @@ def _whole_placement(names, shape_name) -> bool:
     return all(n == "R" or (n == "S0" and len(SHAPES[shape_name]) >= 2) for n in names)
 
 
-AUTO_CONFIG = "skip"  # the config each (placement, shape) is also run on under backend auto
+AUTO_CONFIG = "skip"  # the config the auto runs take
+
+
+def _auto_cases(placements):
+    """(placement, shape) pairs run under backend auto: the first shape of each placement whose
+    blocks are cut, and the first whose blocks are whole."""
+    seen, out = set(), []
+    for names, shapes in placements.items():
+        for shape_name in shapes:
+            key = (names, _whole_placement(names, shape_name))
+            if key not in seen:
+                seen.add(key)
+                out.append(("-".join(names), shape_name))
+    return out
 
 
 def _placement_runs(mesh, placements):
     """Every case on the reference backend; the whole-block ones on the cpu engine too (where
-    the compiled module imports); each (placement, shape) under backend auto once."""
+    the compiled module imports); the pairs of :func:`_auto_cases` under backend auto."""
     from conftest import native_available
 
     _, _, _, distribute_tensor = dtensor_api()
     out = {"reference": {}, "cpu": {}, "auto": {}}
+    auto = _auto_cases(placements)
     for pname, shape_name, cname in _cases(placements):
         names = pname.split("-")
         pl = _placements(names)
@@ -123,7 +142,7 @@ def _placement_runs(mesh, placements):
         out["reference"][case] = _run(make, shape_name, cname, "reference")
         if native_available() and _whole_placement(names, shape_name):
             out["cpu"][case] = _run(make, shape_name, cname, "cpu")
-        if cname == AUTO_CONFIG:
+        if cname == AUTO_CONFIG and (pname, shape_name) in auto:
             out["auto"][(pname, shape_name)] = _run(make, shape_name, cname, "auto")
     return out
 
@@ -586,14 +605,16 @@ def test_cpu_engine_whole_block_shards_equal_its_unsharded_run(mesh, case, launc
 
 
 @pytest.mark.parametrize("mesh,pname,shape_name", [
-    (m, "-".join(names), shape_name) for m, table in _TABLES.items()
-    for names, shapes in table.items() for shape_name in shapes])
+    (m, pname, shape_name) for m, table in _TABLES.items()
+    for pname, shape_name in _auto_cases(table)])
 def test_auto_steps_cut_blocks_on_reference_and_whole_blocks_on_the_cpu_engine(
         mesh, pname, shape_name, launches):
     _need_cpu_engine()
     whole = _whole_placement(pname.split("-"), shape_name)
     picked = "cpu" if whole else "reference"
-    got = _launched(launches, mesh, "auto")[(pname, shape_name)]
+    runs = _launched(launches, mesh, "auto")
+    assert sorted(runs) == sorted(_auto_cases(_TABLES[mesh]))
+    got = runs[(pname, shape_name)]
     assert got["backends"] == [picked], (pname, shape_name)
     assert got["whole blocks"] == [whole]
     # the very run of the backend it picked, bit for bit
