@@ -1,16 +1,20 @@
 """q8 moments of DTensor parameters (docs/distributed.md, "q8 moments"), on CPU ranks over gloo.
 
-Every sharded run is compared with the unsharded single-process run of the same steps, bitwise:
-parameters, codes, scales, step counts and the skip decision. The shapes put shard boundaries
+Every sharded run is compared with the unsharded single-process run of the same steps on the
+same backend, bitwise: parameters, codes, scales, step counts and the skip decision. Every
+placement runs on the reference backend; the whole-block ones (no shard cuts a q8 block) on the
+C++ cpu engine too; and under backend auto, which steps cut blocks on the reference backend and
+whole blocks (and unsharded tensors) on the cpu engine. The shapes put shard boundaries
 inside q8 blocks of 256 elements (a 1-D parameter of 5000 elements on dim 0; Shard(1) of rows of
 130, 600 and 1200 elements; Shard(2) of a 3-D tensor), where each block's scale is the MAX over
 its ranks of their pieces' largest values, and whole-row shards (Shard(0) of 2-D and 3-D
-parameters, uneven, one of them empty on a rank), whose scales are sharded alike (with clip
-on, as for every state dtype, the parameters only to the last bit of the clip threshold). Four
-ranks: a 1-D mesh of 4 and 2x2 meshes, FSDP2 over tensor parallelism, and a DCP checkpoint of a
-2x2 run saved, resumed and (on two ranks, another mesh) resharded. Two ranks: a 1-D mesh of 2, FSDP2's fully_shard, conversion of
-float moments into q8 and back, the step inside backward under FSDP2, the eligibility rule on
-every rank, and the refusal of a backend that cannot reduce the blocks."""
+parameters, uneven, one of them empty on a rank, on 1-D and 2x2 meshes), whose scales are
+sharded alike (with clip on, as for every state dtype, the parameters only to the last bit of
+the clip threshold). Four ranks: a 1-D mesh of 4 and 2x2 meshes, FSDP2 over tensor parallelism,
+and a DCP checkpoint of a 2x2 run saved, resumed and (on two ranks, another mesh) resharded. Two
+ranks: a 1-D mesh of 2, FSDP2's fully_shard, conversion of float moments into q8 and back, the
+step inside backward under FSDP2, the eligibility rule on every rank, and the refusal of a
+backend that cannot reduce the blocks."""
 from __future__ import annotations
 
 import math
@@ -19,7 +23,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import bits, dtensor_api, has, require, spawn_ranks
+from conftest import CPU_BACKENDS, bits, dtensor_api, has, require, spawn_ranks
 
 require("gloo")
 import torch.distributed as dist  # noqa: E402
@@ -52,9 +56,10 @@ PLACEMENTS_2 = {  # mesh (2,)
     ("S0",): ("vec", "mat", "wide", "cube", "row"), ("S1",): ("mat", "wide", "cube", "row"),
     ("S2",): ("cube",), ("R",): ("wide",)}
 PLACEMENTS_4 = {("S0",): ("vec", "mat", "row"), ("S1",): ("wide", "cube")}  # mesh (4,)
-PLACEMENTS_2x2 = {  # mesh (2, 2): FSDP2 over TP's Shard(1), HSDP, and the reverse order
+PLACEMENTS_2x2 = {  # mesh (2, 2): FSDP2 over TP's Shard(1), HSDP, the reverse order, and
+    # whole rows on both mesh dims (rows sharded twice; rows replicated on the second)
     ("S0", "S1"): ("mat", "wide", "cube"), ("R", "S0"): ("vec", "row"),
-    ("S1", "S0"): ("wide", "cube")}
+    ("S1", "S0"): ("wide", "cube"), ("S0", "S0"): ("cube",), ("S0", "R"): ("mat",)}
 
 
 def _placements(names):
@@ -76,14 +81,15 @@ def _whole(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _run(make, shape_name, cname, **extra):
-    """The results of STEPS steps of the parameter ``make(tensor)`` wraps (whole tensors)."""
+def _run(make, shape_name, cname, backend):
+    """The results of STEPS steps of the parameter ``make(tensor)`` wraps (whole tensors) on
+    ``backend``."""
     from luminamoon import LuminaMoon
 
     init, grads = _data(shape_name, cname)
     p = torch.nn.Parameter(make(init.clone()))
-    opt = LuminaMoon([p], lr=2e-2, seed=77, state_dtype="q8",
-                     **{**CONFIGS[cname]["cfg"], **extra})
+    opt = LuminaMoon([p], lr=2e-2, seed=77, state_dtype="q8", backend=backend,
+                     **CONFIGS[cname]["cfg"])
     for g in grads:
         p.grad = make(g.clone())
         opt.step()
@@ -97,14 +103,47 @@ def _run(make, shape_name, cname, **extra):
     return out
 
 
+def _whole_placement(names, shape_name) -> bool:
+    """The statement of the rule the backends consult (``_q8_state.whole_blocks``): no block is
+    cut on a mesh dim that replicates the parameter or shards dim 0 of a tensor of two or more
+    dims."""
+    return all(n == "R" or (n == "S0" and len(SHAPES[shape_name]) >= 2) for n in names)
+
+
+AUTO_CONFIG = "skip"  # the config the auto runs take
+
+
+def _auto_cases(placements):
+    """(placement, shape) pairs run under backend auto: the first shape of each placement whose
+    blocks are cut, and the first whose blocks are whole."""
+    seen, out = set(), []
+    for names, shapes in placements.items():
+        for shape_name in shapes:
+            key = (names, _whole_placement(names, shape_name))
+            if key not in seen:
+                seen.add(key)
+                out.append(("-".join(names), shape_name))
+    return out
+
+
 def _placement_runs(mesh, placements):
+    """Every case on the reference backend; the whole-block ones on the cpu engine too (where
+    the compiled module imports); the pairs of :func:`_auto_cases` under backend auto."""
+    from conftest import native_available
+
     _, _, _, distribute_tensor = dtensor_api()
-    out = {}
+    out = {"reference": {}, "cpu": {}, "auto": {}}
+    auto = _auto_cases(placements)
     for pname, shape_name, cname in _cases(placements):
-        pl = _placements(pname.split("-"))
+        names = pname.split("-")
+        pl = _placements(names)
         make = lambda t: distribute_tensor(t, mesh, pl)  # noqa: E731
-        out[(pname, shape_name, cname)] = _run(make, shape_name, cname)
-        out[(pname, shape_name, cname)].update(placement=pname.split("-"), shape=shape_name)
+        case = (pname, shape_name, cname)
+        out["reference"][case] = _run(make, shape_name, cname, "reference")
+        if native_available() and _whole_placement(names, shape_name):
+            out["cpu"][case] = _run(make, shape_name, cname, "cpu")
+        if cname == AUTO_CONFIG and (pname, shape_name) in auto:
+            out["auto"][(pname, shape_name)] = _run(make, shape_name, cname, "auto")
     return out
 
 
@@ -468,10 +507,10 @@ def launches(tmp_path_factory):
 _PLAIN = {}
 
 
-def _plain(shape_name, cname):
-    key = (shape_name, cname)
+def _plain(shape_name, cname, backend):
+    key = (shape_name, cname, backend)
     if key not in _PLAIN:
-        _PLAIN[key] = _run(lambda t: t, shape_name, cname)
+        _PLAIN[key] = _run(lambda t: t, shape_name, cname, backend)
     return _PLAIN[key]
 
 
@@ -485,13 +524,15 @@ def _assert_same(got, want, keys=None):
             assert got[key] == want[key], key
 
 
-def _check_run(got, want, cname):
+def _check_run(got, want, case, backend):
+    """The sharded run ``got`` of ``case`` against the unsharded run ``want``, both on
+    ``backend``."""
+    pname, shape_name, cname = case
+    assert got["backends"] == want["backends"] == [backend]
     assert "exp_avg_scale" in want and want["exp_avg"].dtype == torch.uint8
-    # the rule the backends consult: no block is cut on a mesh dim that replicates the
-    # parameter or shards dim 0 of a tensor of two or more dims
-    names, shape_name = got.pop("placement"), got.pop("shape")
-    whole = all(n == "R" or (n == "S0" and len(SHAPES[shape_name]) >= 2) for n in names)
-    assert got.pop("whole blocks") == [whole], (names, shape_name)
+    assert want["whole blocks"] == [True]
+    assert got["whole blocks"] == [_whole_placement(pname.split("-"), shape_name)], case
+    got = {k: v for k, v in got.items() if k != "whole blocks"}
     want = {k: v for k, v in want.items() if k != "whole blocks"}
     if cname == "propagate":
         assert want["skipped"] == 0 and bool(torch.isnan(want["exp_avg_scale"]).any())
@@ -513,25 +554,80 @@ def _cases(placements):
             for shape_name in shapes for cname in CONFIGS]
 
 
+def _whole_cases(placements):
+    return [c for c in _cases(placements) if _whole_placement(c[0].split("-"), c[1])]
+
+
+# (launch index, key of its placement runs) of each placement table
+_LAUNCH = {"2": (1, "1d"), "4": (0, "1d"), "2x2": (0, "2d")}
+_TABLES = {"2": PLACEMENTS_2, "4": PLACEMENTS_4, "2x2": PLACEMENTS_2x2}
+
+
+def _launched(launches, mesh, backend):
+    index, key = _LAUNCH[mesh]
+    return launches[index][key][backend]
+
+
+def _need_cpu_engine():
+    if "cpu" not in CPU_BACKENDS:
+        require("native")
+    assert "cpu" in CPU_BACKENDS, "the compiled module luminamoon._luminav does not import"
+
+
 @pytest.mark.parametrize("case", _cases(PLACEMENTS_2), ids="-".join)
 def test_two_ranks_1d_mesh_equals_unsharded(case, launches):
-    _check_run(launches[1]["1d"][case], _plain(*case[1:]), case[2])
+    _check_run(_launched(launches, "2", "reference")[case], _plain(*case[1:], "reference"),
+               case, "reference")
 
 
 @pytest.mark.parametrize("case", _cases(PLACEMENTS_4), ids="-".join)
 def test_four_ranks_1d_mesh_equals_unsharded(case, launches):
-    _check_run(launches[0]["1d"][case], _plain(*case[1:]), case[2])
+    _check_run(_launched(launches, "4", "reference")[case], _plain(*case[1:], "reference"),
+               case, "reference")
 
 
 @pytest.mark.parametrize("case", _cases(PLACEMENTS_2x2), ids="-".join)
 def test_2x2_mesh_equals_unsharded(case, launches):
-    _check_run(launches[0]["2d"][case], _plain(*case[1:]), case[2])
+    _check_run(_launched(launches, "2x2", "reference")[case], _plain(*case[1:], "reference"),
+               case, "reference")
 
 
-def test_cut_blocks_step_on_the_reference_backend_under_auto(launches):
-    runs = launches[1]["1d"]
-    assert runs[("S1", "wide", "skip")]["backends"] == ["reference"]
-    assert runs[("S0", "vec", "skip")]["backends"] == ["reference"]
+@pytest.mark.parametrize("mesh,case", [(m, c) for m, table in _TABLES.items()
+                                       for c in _whole_cases(table)],
+                         ids=lambda x: x if isinstance(x, str) else "-".join(x))
+def test_cpu_engine_whole_block_shards_equal_its_unsharded_run(mesh, case, launches):
+    """The C++ engine stepping the local codes and scales of whole-block shards: bitwise its
+    own unsharded run."""
+    _need_cpu_engine()
+    got = _launched(launches, mesh, "cpu")
+    assert sorted(got) == sorted(_whole_cases(_TABLES[mesh]))
+    _check_run(got[case], _plain(*case[1:], "cpu"), case, "cpu")
+
+
+@pytest.mark.parametrize("mesh,pname,shape_name", [
+    (m, pname, shape_name) for m, table in _TABLES.items()
+    for pname, shape_name in _auto_cases(table)])
+def test_auto_steps_cut_blocks_on_reference_and_whole_blocks_on_the_cpu_engine(
+        mesh, pname, shape_name, launches):
+    _need_cpu_engine()
+    whole = _whole_placement(pname.split("-"), shape_name)
+    picked = "cpu" if whole else "reference"
+    runs = _launched(launches, mesh, "auto")
+    assert sorted(runs) == sorted(_auto_cases(_TABLES[mesh]))
+    got = runs[(pname, shape_name)]
+    assert got["backends"] == [picked], (pname, shape_name)
+    assert got["whole blocks"] == [whole]
+    # the very run of the backend it picked, bit for bit
+    want = _launched(launches, mesh, picked)[(pname, shape_name, AUTO_CONFIG)]
+    _assert_same(got, want)
+
+
+def test_auto_steps_an_unsharded_q8_tensor_on_the_cpu_engine():
+    _need_cpu_engine()
+    for shape_name in ("vec", "wide"):
+        got = _plain(shape_name, AUTO_CONFIG, "auto")
+        assert got["backends"] == ["cpu"]
+        _assert_same(got, _plain(shape_name, AUTO_CONFIG, "cpu"))
 
 
 def test_dcp_resume_on_the_same_mesh_is_bitwise(launches):
