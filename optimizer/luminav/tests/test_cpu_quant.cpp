@@ -53,6 +53,8 @@ float expected_v(int c) {
 TEST(Q8Codebooks, TheReciprocalsAreTheFloat32Quotients) {
   EXPECT_EQ(bits(quant::inv127()), 0x3C010204u);
   EXPECT_EQ(bits(quant::inv255()), 0x3B808081u);
+  EXPECT_EQ(bits(quant::kInv127), 0x3C010204u);
+  EXPECT_EQ(bits(quant::kInv255), 0x3B808081u);
 }
 
 TEST(Q8Codebooks, EveryEntryIsItsFormulaAndNearTheRealPowerLaw) {
@@ -63,6 +65,8 @@ TEST(Q8Codebooks, EveryEntryIsItsFormulaAndNearTheRealPowerLaw) {
     EXPECT_EQ(bits(v[c]), bits(expected_v(c))) << "C_v[" << c << "]";
     EXPECT_EQ(bits(quant::codebook_m(c)), bits(m[c]));
     EXPECT_EQ(bits(quant::codebook_v(c)), bits(v[c]));
+    EXPECT_EQ(bits(quant::value_m(c)), bits(m[c])) << "value_m(" << c << ")";
+    EXPECT_EQ(bits(quant::value_v(c)), bits(v[c])) << "value_v(" << c << ")";
     // within 8 float32 steps of the float32 nearest ((c - 128) / 127)^3 (c < 128: ((c - 128) /
     // 128)^3) and (c / 255)^4, as tests/test_q8.py measures the Python twins
     const float rm = static_cast<float>(c < 128 ? std::pow((c - 128) / 128.0, 3) : std::pow((c - 128) / 127.0, 3));
@@ -127,6 +131,144 @@ TEST(Q8Bracket, ExactOnEveryCodeAndItsNeighbours) {
   EXPECT_EQ(quant::bracket(v, 0.0f), 0);
 }
 
+// bracket_m / bracket_v (an estimate from a cube / fourth root, fixed by comparing y with the
+// computed C of the neighbouring codes) against the plain binary search over the table.
+void expect_fast_bracket(float y, int& compared) {
+  const float* m = quant::codebook_m_table();
+  const float* v = quant::codebook_v_table();
+  if (y >= -1.0f && y <= 1.0f) {
+    ASSERT_EQ(quant::bracket_m(y), quant::bracket(m, y)) << "C_m, y = " << std::hexfloat << y;
+    ++compared;
+  }
+  if (y >= 0.0f && y <= 1.0f) {
+    ASSERT_EQ(quant::bracket_v(y), quant::bracket(v, y)) << "C_v, y = " << std::hexfloat << y;
+    ++compared;
+  }
+}
+
+TEST(Q8Bracket, FastSearchEqualsTheBinarySearchAroundEveryCode) {
+  int compared = 0;
+  for (const float* table : {quant::codebook_m_table(), quant::codebook_v_table()}) {
+    for (int c = 0; c < 256; ++c) {
+      // the code's value, its 300 float32 neighbours each side, and the midpoints to the next code
+      float up = table[c], down = table[c];
+      for (int k = 0; k <= 300; ++k) {
+        expect_fast_bracket(up, compared);
+        expect_fast_bracket(down, compared);
+        up = std::nextafter(up, 2.0f);
+        down = std::nextafter(down, -2.0f);
+      }
+      if (c < 255) {
+        for (int q = 1; q < 64; ++q) {
+          const double at = table[c] + (static_cast<double>(table[c + 1]) - table[c]) * q / 64.0;
+          expect_fast_bracket(static_cast<float>(at), compared);
+        }
+      }
+    }
+  }
+  // 0, the smallest normals and the denormals, and the ends
+  for (std::uint32_t b = 0; b < (1u << 24); b += 4093) {
+    float y;
+    std::memcpy(&y, &b, 4);
+    expect_fast_bracket(y, compared);
+    expect_fast_bracket(-y, compared);
+  }
+  for (float y : {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::denorm_min(),
+                  -std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+                  -std::numeric_limits<float>::min(), 0x1.0p-60f, -0x1.0p-60f, 0x1.0p-61f})
+    expect_fast_bracket(y, compared);
+  EXPECT_GT(compared, 2 * 256 * 2 * 301);
+}
+
+// Every 97th float32 bit pattern of [-1, 1] (about 22 million values of each sign), the search
+// of both codebooks against the binary search.
+TEST(Q8Bracket, FastSearchEqualsTheBinarySearchOnADenseSampleOfMinusOneToOne) {
+  const float* m = quant::codebook_m_table();
+  const float* v = quant::codebook_v_table();
+  constexpr std::uint32_t kOne = 0x3F800000u;
+  std::int64_t compared = 0, wrong = 0;
+  for (std::uint32_t b = 0; b <= kOne; b += 97) {
+    float y;
+    std::memcpy(&y, &b, 4);
+    const float neg = -y;
+    wrong += quant::bracket_m(y) != quant::bracket(m, y);
+    wrong += quant::bracket_m(neg) != quant::bracket(m, neg);
+    wrong += quant::bracket_v(y) != quant::bracket(v, y);
+    compared += 3;
+    if (wrong != 0) {
+      ADD_FAILURE() << "first difference at y = " << std::hexfloat << y;
+      break;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(compared, 3 * (kOne / 97));
+}
+
+// encode_m / encode_v (what encode_block runs) against encode_one (table and binary search) for
+// y across both codebooks and words across the range.
+TEST(Q8Encode, FastEncodeEqualsTheReference) {
+  const float* m = quant::codebook_m_table();
+  const float* v = quant::codebook_v_table();
+  std::uint32_t s = 77;
+  int compared = 0;
+  for (int i = 0; i < 200000; ++i) {
+    s = s * 1664525u + 1013904223u;
+    const std::uint32_t word = s >> 16;
+    s = s * 1664525u + 1013904223u;
+    // |y| spread over many binades: a random mantissa and an exponent in [2^-40, 1]
+    const float mag = std::ldexp(static_cast<float>(s >> 8) / (1 << 24), -static_cast<int>(i % 41));
+    const float y = (i & 1) ? -mag : mag;
+    ASSERT_EQ(quant::encode_m(y, word), quant::encode_one(m, y, word)) << std::hexfloat << y << " " << word;
+    ASSERT_EQ(quant::encode_v(mag, word), quant::encode_one(v, mag, word)) << std::hexfloat << mag << " " << word;
+    compared += 2;
+  }
+  for (int c = 0; c < 256; ++c) {
+    for (std::uint32_t word : {0u, 1u, 32767u, 32768u, 65535u}) {
+      if (c < 255) {
+        const float mid_m = static_cast<float>(0.5 * (static_cast<double>(m[c]) + m[c + 1]));
+        const float mid_v = static_cast<float>(0.5 * (static_cast<double>(v[c]) + v[c + 1]));
+        EXPECT_EQ(quant::encode_m(mid_m, word), quant::encode_one(m, mid_m, word)) << c;
+        EXPECT_EQ(quant::encode_v(mid_v, word), quant::encode_one(v, mid_v, word)) << c;
+      }
+      EXPECT_EQ(quant::encode_m(m[c], word), c);
+      EXPECT_EQ(quant::encode_v(v[c], word), c);
+      compared += 4;
+    }
+  }
+  EXPECT_GT(compared, 400000);
+}
+
+// encode_block element by element: y = sign(x) at the block's max, fl(x * fl(1 / scale))
+// elsewhere, then encode_one's decision.
+TEST(Q8Encode, EncodeBlockIsEncodeOneOfEachElement) {
+  const float* m = quant::codebook_m_table();
+  const float* v = quant::codebook_v_table();
+  std::uint32_t s = 5;
+  float x[quant::kBlock], ax[quant::kBlock];
+  std::uint16_t words[quant::kBlock];
+  std::uint8_t cm[quant::kBlock], cv[quant::kBlock];
+  for (int rep = 0; rep < 200; ++rep) {
+    const int n = rep % 7 == 0 ? 1 + rep % quant::kBlock : quant::kBlock;
+    for (int i = 0; i < n; ++i) {
+      s = s * 1664525u + 1013904223u;
+      x[i] = std::ldexp(static_cast<float>(static_cast<std::int32_t>(s) >> 7) / (1 << 24), -(rep % 30));
+      ax[i] = std::fabs(x[i]);
+      s = s * 1664525u + 1013904223u;
+      words[i] = static_cast<std::uint16_t>(s >> 16);
+    }
+    const float sm = quant::block_scale(x, n), sv = quant::block_scale(ax, n);
+    quant::encode_block_m(sm, x, n, words, cm);
+    quant::encode_block_v(sv, ax, n, words, cv);
+    const float rm = 1.0f / sm, rv = 1.0f / sv;
+    for (int i = 0; i < n; ++i) {
+      const float ym = std::fabs(x[i]) == sm ? std::copysign(1.0f, x[i]) : x[i] * rm;
+      const float yv = ax[i] == sv ? 1.0f : ax[i] * rv;
+      ASSERT_EQ(cm[i], quant::encode_one(m, ym, words[i])) << rep << " " << i;
+      ASSERT_EQ(cv[i], quant::encode_one(v, yv, words[i])) << rep << " " << i;
+    }
+  }
+}
+
 // Over all 65536 words the upper code is taken with probability (y - C[lo]) / (C[hi] - C[lo])
 // to within 2^-16 (the threshold's grid) and float32 rounding of the two differences.
 TEST(Q8Encode, TheRoundingIsUnbiased) {
@@ -150,30 +292,45 @@ TEST(Q8Encode, TheRoundingIsUnbiased) {
 
 TEST(Q8Encode, BlockScaleAndSpecialBlocks) {
   const float* m = quant::codebook_m_table();
-  const float* v = quant::codebook_v_table();
   std::vector<std::uint16_t> words(4, 12345);
   std::vector<std::uint8_t> codes(4, 7);
   const float x[4] = {-3.0f, 1.5f, 3.0f, 0.0f};
   const float s = quant::block_scale(x, 4);
   EXPECT_EQ(s, 3.0f);
-  quant::encode_block(m, quant::kZeroCodeM, s, x, 4, words.data(), codes.data());
+  quant::encode_block_m(s, x, 4, words.data(), codes.data());
   EXPECT_EQ(codes[0], 0);    // -scale: y = -1 exactly
   EXPECT_EQ(codes[2], 255);  // +scale: y = 1 exactly
   EXPECT_EQ(codes[3], 128);  // 0
   EXPECT_TRUE(codes[1] == quant::bracket(m, 0.5f) || codes[1] == quant::bracket(m, 0.5f) + 1);
   const float zeros[3] = {0.0f, -0.0f, 0.0f};
   EXPECT_EQ(quant::block_scale(zeros, 3), 0.0f);
-  quant::encode_block(v, quant::kZeroCodeV, 0.0f, zeros, 3, words.data(), codes.data());
+  quant::encode_block_v(0.0f, zeros, 3, words.data(), codes.data());
   EXPECT_EQ(codes[0], 0);
   const float bad[3] = {1.0f, std::numeric_limits<float>::infinity(), 2.0f};
   const float nan_scale = quant::block_scale(bad, 3);
   EXPECT_TRUE(std::isnan(nan_scale));
-  quant::encode_block(m, quant::kZeroCodeM, nan_scale, bad, 3, words.data(), codes.data());
+  quant::encode_block_m(nan_scale, bad, 3, words.data(), codes.data());
   EXPECT_EQ(codes[0], 128);
   EXPECT_EQ(codes[2], 128);
   float decoded[3];
   quant::decode_block(m, nan_scale, codes.data(), 3, decoded);
   EXPECT_TRUE(std::isnan(decoded[1]));
+}
+
+// decode_block_m / decode_block_v (C by its formula) against decode_block with the tables: every
+// code under scales of several binades, 0 and NaN.
+TEST(Q8Decode, TheFormulaDecodeIsTheTableDecode) {
+  std::uint8_t codes[256];
+  for (int c = 0; c < 256; ++c) codes[c] = static_cast<std::uint8_t>(255 - c);
+  float a[256], b[256];
+  for (float scale : {1.0f, 3.0f, 1e-30f, 0.7f, 6.5e4f, 0.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    quant::decode_block_m(scale, codes, 256, a);
+    quant::decode_block(quant::codebook_m_table(), scale, codes, 256, b);
+    for (int i = 0; i < 256; ++i) EXPECT_EQ(bits(a[i]), bits(b[i])) << "m, code " << int(codes[i]) << " scale " << scale;
+    quant::decode_block_v(scale, codes, 256, a);
+    quant::decode_block(quant::codebook_v_table(), scale, codes, 256, b);
+    for (int i = 0; i < 256; ++i) EXPECT_EQ(bits(a[i]), bits(b[i])) << "v, code " << int(codes[i]) << " scale " << scale;
+  }
 }
 
 TEST(Q8Layout, BlocksFollowRowsOfRowLen) {
