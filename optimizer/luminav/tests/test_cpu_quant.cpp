@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/cpu_kernels.h"
@@ -180,28 +181,57 @@ TEST(Q8Bracket, FastSearchEqualsTheBinarySearchAroundEveryCode) {
   EXPECT_GT(compared, 2 * 256 * 2 * 301);
 }
 
-// Every 97th float32 bit pattern of [-1, 1] (about 22 million values of each sign), the search
-// of both codebooks against the binary search.
-TEST(Q8Bracket, FastSearchEqualsTheBinarySearchOnADenseSampleOfMinusOneToOne) {
+// The vector widths this CPU runs.
+std::vector<luminav::cpu::CpuIsa> isas_here() {
+  using luminav::cpu::CpuIsa;
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (static_cast<int>(isa) <= static_cast<int>(luminav::cpu::cpu_isa())) out.push_back(isa);
+  }
+  return out;
+}
+
+// Every 97th float32 bit pattern of [-1, 1] (about 22 million values of each sign), the search of
+// both codebooks, as the passes run it at every vector width, against the binary search.
+TEST(Q8Bracket, FastSearchEqualsTheBinarySearchOnADenseSampleOfMinusOneToOneAtEveryWidth) {
   const float* m = quant::codebook_m_table();
   const float* v = quant::codebook_v_table();
   constexpr std::uint32_t kOne = 0x3F800000u;
-  std::int64_t compared = 0, wrong = 0;
-  for (std::uint32_t b = 0; b <= kOne; b += 97) {
-    float y;
-    std::memcpy(&y, &b, 4);
-    const float neg = -y;
-    wrong += quant::bracket_m(y) != quant::bracket(m, y);
-    wrong += quant::bracket_m(neg) != quant::bracket(m, neg);
-    wrong += quant::bracket_v(y) != quant::bracket(v, y);
-    compared += 3;
-    if (wrong != 0) {
-      ADD_FAILURE() << "first difference at y = " << std::hexfloat << y;
-      break;
+  constexpr std::uint32_t kStride = 97;
+  constexpr int kChunk = 1 << 16;
+  std::vector<float> pos(kChunk), neg(kChunk);
+  std::vector<std::int32_t> ref_m_pos(kChunk), ref_m_neg(kChunk), ref_v(kChunk), got(kChunk);
+  std::int64_t compared = 0;
+  for (std::uint32_t b = 0; b <= kOne;) {
+    int n = 0;
+    for (; n < kChunk && b <= kOne; ++n, b += kStride) {
+      std::memcpy(&pos[static_cast<std::size_t>(n)], &b, 4);
+      neg[static_cast<std::size_t>(n)] = -pos[static_cast<std::size_t>(n)];
+    }
+    for (int i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      ref_m_pos[k] = quant::bracket(m, pos[k]);
+      ref_m_neg[k] = quant::bracket(m, neg[k]);
+      ref_v[k] = quant::bracket(v, pos[k]);
+    }
+    for (luminav::cpu::CpuIsa isa : isas_here()) {
+      const struct {
+        bool m;
+        const std::vector<float>& y;
+        const std::vector<std::int32_t>& ref;
+      } cases[] = {{true, pos, ref_m_pos}, {true, neg, ref_m_neg}, {false, pos, ref_v}};
+      for (const auto& cs : cases) {
+        luminav::cpu::q8::bracket_many(isa, cs.m, cs.y.data(), n, got.data());
+        for (int i = 0; i < n; ++i) {
+          const auto k = static_cast<std::size_t>(i);
+          ASSERT_EQ(got[k], cs.ref[k]) << (cs.m ? "C_m" : "C_v") << " at " << luminav::cpu::cpu_isa_name(isa)
+                                       << ", y = " << std::hexfloat << cs.y[k];
+        }
+        compared += n;
+      }
     }
   }
-  EXPECT_EQ(wrong, 0);
-  EXPECT_GT(compared, 3 * (kOne / 97));
+  EXPECT_GT(compared, 3 * static_cast<std::int64_t>(kOne / kStride));
 }
 
 // encode_m / encode_v (what encode_block runs) against encode_one (table and binary search) for
@@ -238,9 +268,9 @@ TEST(Q8Encode, FastEncodeEqualsTheReference) {
   EXPECT_GT(compared, 400000);
 }
 
-// encode_block element by element: y = sign(x) at the block's max, fl(x * fl(1 / scale))
-// elsewhere, then encode_one's decision.
-TEST(Q8Encode, EncodeBlockIsEncodeOneOfEachElement) {
+// encode_block element by element, at every vector width: y = sign(x) at the block's max,
+// fl(x * fl(1 / scale)) elsewhere, then encode_one's decision.
+TEST(Q8Encode, EncodeBlockIsEncodeOneOfEachElementAtEveryWidth) {
   const float* m = quant::codebook_m_table();
   const float* v = quant::codebook_v_table();
   std::uint32_t s = 5;
@@ -257,14 +287,25 @@ TEST(Q8Encode, EncodeBlockIsEncodeOneOfEachElement) {
       words[i] = static_cast<std::uint16_t>(s >> 16);
     }
     const float sm = quant::block_scale(x, n), sv = quant::block_scale(ax, n);
-    quant::encode_block_m(sm, x, n, words, cm);
-    quant::encode_block_v(sv, ax, n, words, cv);
     const float rm = 1.0f / sm, rv = 1.0f / sv;
-    for (int i = 0; i < n; ++i) {
-      const float ym = std::fabs(x[i]) == sm ? std::copysign(1.0f, x[i]) : x[i] * rm;
-      const float yv = ax[i] == sv ? 1.0f : ax[i] * rv;
-      ASSERT_EQ(cm[i], quant::encode_one(m, ym, words[i])) << rep << " " << i;
-      ASSERT_EQ(cv[i], quant::encode_one(v, yv, words[i])) << rep << " " << i;
+    // each width's form, then the inline one of this file (-1)
+    for (int form = -1; form < static_cast<int>(isas_here().size()); ++form) {
+      std::string name = "inline";
+      if (form < 0) {
+        quant::encode_block_m(sm, x, n, words, cm);
+        quant::encode_block_v(sv, ax, n, words, cv);
+      } else {
+        const luminav::cpu::CpuIsa isa = isas_here()[static_cast<std::size_t>(form)];
+        name = luminav::cpu::cpu_isa_name(isa);
+        luminav::cpu::q8::encode_block_at(isa, true, sm, x, n, words, cm);
+        luminav::cpu::q8::encode_block_at(isa, false, sv, ax, n, words, cv);
+      }
+      for (int i = 0; i < n; ++i) {
+        const float ym = std::fabs(x[i]) == sm ? std::copysign(1.0f, x[i]) : x[i] * rm;
+        const float yv = ax[i] == sv ? 1.0f : ax[i] * rv;
+        ASSERT_EQ(cm[i], quant::encode_one(m, ym, words[i])) << name << " " << rep << " " << i;
+        ASSERT_EQ(cv[i], quant::encode_one(v, yv, words[i])) << name << " " << rep << " " << i;
+      }
     }
   }
 }

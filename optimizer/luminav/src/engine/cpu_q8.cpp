@@ -183,6 +183,44 @@ __attribute__((target(LV_AVX512_TARGET))) void pass2_avx512(const Work& w, std::
 }
 #endif
 
+// bracket_many / encode_block_at's loops at each width (the passes inline the same functions).
+LV_TILE_INLINE void bracket_loop(bool m, const float* __restrict y, std::int64_t n, std::int32_t* __restrict lo) {
+  if (m) {
+    for (std::int64_t i = 0; i < n; ++i) lo[i] = quant::bracket_m(y[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) lo[i] = quant::bracket_v(y[i]);
+  }
+}
+LV_TILE_INLINE void encode_one_block(bool m, float scale, const float* x, int n, const std::uint16_t* words,
+                                     std::uint8_t* codes) {
+  if (m) {
+    quant::encode_block<true>(scale, x, n, words, codes);
+  } else {
+    quant::encode_block<false>(scale, x, n, words, codes);
+  }
+}
+void bracket_baseline(bool m, const float* y, std::int64_t n, std::int32_t* lo) { bracket_loop(m, y, n, lo); }
+void encode_baseline(bool m, float s, const float* x, int n, const std::uint16_t* w, std::uint8_t* c) {
+  encode_one_block(m, s, x, n, w, c);
+}
+#if LV_Q8_CLONES
+__attribute__((target("avx2"))) void bracket_avx2(bool m, const float* y, std::int64_t n, std::int32_t* lo) {
+  bracket_loop(m, y, n, lo);
+}
+__attribute__((target("avx2"))) void encode_avx2(bool m, float s, const float* x, int n, const std::uint16_t* w,
+                                                 std::uint8_t* c) {
+  encode_one_block(m, s, x, n, w, c);
+}
+__attribute__((target(LV_AVX512_TARGET))) void bracket_avx512(bool m, const float* y, std::int64_t n,
+                                                              std::int32_t* lo) {
+  bracket_loop(m, y, n, lo);
+}
+__attribute__((target(LV_AVX512_TARGET))) void encode_avx512(bool m, float s, const float* x, int n,
+                                                             const std::uint16_t* w, std::uint8_t* c) {
+  encode_one_block(m, s, x, n, w, c);
+}
+#endif
+
 using ItemsFn = void (*)(const Work&, std::int64_t, std::int64_t);
 
 ItemsFn pick(bool pass1, CpuIsa isa) {
@@ -210,6 +248,27 @@ Work make_work(const GroupConfig& cfg, const TensorRow* rows, const std::vector<
 }
 
 }  // namespace
+
+void bracket_many(CpuIsa isa, bool m, const float* y, std::int64_t n, std::int32_t* lo) {
+#if LV_Q8_CLONES
+  if (isa == CpuIsa::kAvx512) return bracket_avx512(m, y, n, lo);
+  if (isa == CpuIsa::kAvx2) return bracket_avx2(m, y, n, lo);
+#else
+  (void)isa;
+#endif
+  bracket_baseline(m, y, n, lo);
+}
+
+void encode_block_at(CpuIsa isa, bool m, float scale, const float* x, int n, const std::uint16_t* words,
+                     std::uint8_t* codes) {
+#if LV_Q8_CLONES
+  if (isa == CpuIsa::kAvx512) return encode_avx512(m, scale, x, n, words, codes);
+  if (isa == CpuIsa::kAvx2) return encode_avx2(m, scale, x, n, words, codes);
+#else
+  (void)isa;
+#endif
+  encode_baseline(m, scale, x, n, words, codes);
+}
 
 void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, const TensorConsts* consts, float* stats,
            std::int32_t* found_inf, ThreadPool& pool, CpuIsa isa) {
