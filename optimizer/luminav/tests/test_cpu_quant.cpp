@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/cpu_kernels.h"
@@ -53,6 +54,8 @@ float expected_v(int c) {
 TEST(Q8Codebooks, TheReciprocalsAreTheFloat32Quotients) {
   EXPECT_EQ(bits(quant::inv127()), 0x3C010204u);
   EXPECT_EQ(bits(quant::inv255()), 0x3B808081u);
+  EXPECT_EQ(bits(quant::kInv127), 0x3C010204u);
+  EXPECT_EQ(bits(quant::kInv255), 0x3B808081u);
 }
 
 TEST(Q8Codebooks, EveryEntryIsItsFormulaAndNearTheRealPowerLaw) {
@@ -63,6 +66,8 @@ TEST(Q8Codebooks, EveryEntryIsItsFormulaAndNearTheRealPowerLaw) {
     EXPECT_EQ(bits(v[c]), bits(expected_v(c))) << "C_v[" << c << "]";
     EXPECT_EQ(bits(quant::codebook_m(c)), bits(m[c]));
     EXPECT_EQ(bits(quant::codebook_v(c)), bits(v[c]));
+    EXPECT_EQ(bits(quant::value_m(c)), bits(m[c])) << "value_m(" << c << ")";
+    EXPECT_EQ(bits(quant::value_v(c)), bits(v[c])) << "value_v(" << c << ")";
     // within 8 float32 steps of the float32 nearest ((c - 128) / 127)^3 (c < 128: ((c - 128) /
     // 128)^3) and (c / 255)^4, as tests/test_q8.py measures the Python twins
     const float rm = static_cast<float>(c < 128 ? std::pow((c - 128) / 128.0, 3) : std::pow((c - 128) / 127.0, 3));
@@ -127,6 +132,184 @@ TEST(Q8Bracket, ExactOnEveryCodeAndItsNeighbours) {
   EXPECT_EQ(quant::bracket(v, 0.0f), 0);
 }
 
+// bracket_m / bracket_v (an estimate from a cube / fourth root, fixed by comparing y with the
+// computed C of the neighbouring codes) against the plain binary search over the table.
+void expect_fast_bracket(float y, int& compared) {
+  const float* m = quant::codebook_m_table();
+  const float* v = quant::codebook_v_table();
+  if (y >= -1.0f && y <= 1.0f) {
+    ASSERT_EQ(quant::bracket_m(y), quant::bracket(m, y)) << "C_m, y = " << std::hexfloat << y;
+    ++compared;
+  }
+  if (y >= 0.0f && y <= 1.0f) {
+    ASSERT_EQ(quant::bracket_v(y), quant::bracket(v, y)) << "C_v, y = " << std::hexfloat << y;
+    ++compared;
+  }
+}
+
+TEST(Q8Bracket, FastSearchEqualsTheBinarySearchAroundEveryCode) {
+  int compared = 0;
+  for (const float* table : {quant::codebook_m_table(), quant::codebook_v_table()}) {
+    for (int c = 0; c < 256; ++c) {
+      // the code's value, its 300 float32 neighbours each side, and the midpoints to the next code
+      float up = table[c], down = table[c];
+      for (int k = 0; k <= 300; ++k) {
+        expect_fast_bracket(up, compared);
+        expect_fast_bracket(down, compared);
+        up = std::nextafter(up, 2.0f);
+        down = std::nextafter(down, -2.0f);
+      }
+      if (c < 255) {
+        for (int q = 1; q < 64; ++q) {
+          const double at = table[c] + (static_cast<double>(table[c + 1]) - table[c]) * q / 64.0;
+          expect_fast_bracket(static_cast<float>(at), compared);
+        }
+      }
+    }
+  }
+  // 0, the smallest normals and the denormals, and the ends
+  for (std::uint32_t b = 0; b < (1u << 24); b += 4093) {
+    float y;
+    std::memcpy(&y, &b, 4);
+    expect_fast_bracket(y, compared);
+    expect_fast_bracket(-y, compared);
+  }
+  for (float y : {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::denorm_min(),
+                  -std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+                  -std::numeric_limits<float>::min(), 0x1.0p-60f, -0x1.0p-60f, 0x1.0p-61f})
+    expect_fast_bracket(y, compared);
+  EXPECT_GT(compared, 2 * 256 * 2 * 301);
+}
+
+// The vector widths this CPU runs.
+std::vector<luminav::cpu::CpuIsa> isas_here() {
+  using luminav::cpu::CpuIsa;
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (static_cast<int>(isa) <= static_cast<int>(luminav::cpu::cpu_isa())) out.push_back(isa);
+  }
+  return out;
+}
+
+// Every 97th float32 bit pattern of [-1, 1] (about 22 million values of each sign), the search of
+// both codebooks, as the passes run it at every vector width, against the binary search.
+TEST(Q8Bracket, FastSearchEqualsTheBinarySearchOnADenseSampleOfMinusOneToOneAtEveryWidth) {
+  const float* m = quant::codebook_m_table();
+  const float* v = quant::codebook_v_table();
+  constexpr std::uint32_t kOne = 0x3F800000u;
+  constexpr std::uint32_t kStride = 97;
+  constexpr int kChunk = 1 << 16;
+  std::vector<float> pos(kChunk), neg(kChunk);
+  std::vector<std::int32_t> ref_m_pos(kChunk), ref_m_neg(kChunk), ref_v(kChunk), got(kChunk);
+  std::int64_t compared = 0;
+  for (std::uint32_t b = 0; b <= kOne;) {
+    int n = 0;
+    for (; n < kChunk && b <= kOne; ++n, b += kStride) {
+      std::memcpy(&pos[static_cast<std::size_t>(n)], &b, 4);
+      neg[static_cast<std::size_t>(n)] = -pos[static_cast<std::size_t>(n)];
+    }
+    for (int i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      ref_m_pos[k] = quant::bracket(m, pos[k]);
+      ref_m_neg[k] = quant::bracket(m, neg[k]);
+      ref_v[k] = quant::bracket(v, pos[k]);
+    }
+    for (luminav::cpu::CpuIsa isa : isas_here()) {
+      const struct {
+        bool m;
+        const std::vector<float>& y;
+        const std::vector<std::int32_t>& ref;
+      } cases[] = {{true, pos, ref_m_pos}, {true, neg, ref_m_neg}, {false, pos, ref_v}};
+      for (const auto& cs : cases) {
+        luminav::cpu::q8::bracket_many(isa, cs.m, cs.y.data(), n, got.data());
+        for (int i = 0; i < n; ++i) {
+          const auto k = static_cast<std::size_t>(i);
+          ASSERT_EQ(got[k], cs.ref[k]) << (cs.m ? "C_m" : "C_v") << " at " << luminav::cpu::cpu_isa_name(isa)
+                                       << ", y = " << std::hexfloat << cs.y[k];
+        }
+        compared += n;
+      }
+    }
+  }
+  EXPECT_GT(compared, 3 * static_cast<std::int64_t>(kOne / kStride));
+}
+
+// encode_m / encode_v (what encode_block runs) against encode_one (table and binary search) for
+// y across both codebooks and words across the range.
+TEST(Q8Encode, FastEncodeEqualsTheReference) {
+  const float* m = quant::codebook_m_table();
+  const float* v = quant::codebook_v_table();
+  std::uint32_t s = 77;
+  int compared = 0;
+  for (int i = 0; i < 200000; ++i) {
+    s = s * 1664525u + 1013904223u;
+    const std::uint32_t word = s >> 16;
+    s = s * 1664525u + 1013904223u;
+    // |y| spread over many binades: a random mantissa and an exponent in [2^-40, 1]
+    const float mag = std::ldexp(static_cast<float>(s >> 8) / (1 << 24), -static_cast<int>(i % 41));
+    const float y = (i & 1) ? -mag : mag;
+    ASSERT_EQ(quant::encode_m(y, word), quant::encode_one(m, y, word)) << std::hexfloat << y << " " << word;
+    ASSERT_EQ(quant::encode_v(mag, word), quant::encode_one(v, mag, word)) << std::hexfloat << mag << " " << word;
+    compared += 2;
+  }
+  for (int c = 0; c < 256; ++c) {
+    for (std::uint32_t word : {0u, 1u, 32767u, 32768u, 65535u}) {
+      if (c < 255) {
+        const float mid_m = static_cast<float>(0.5 * (static_cast<double>(m[c]) + m[c + 1]));
+        const float mid_v = static_cast<float>(0.5 * (static_cast<double>(v[c]) + v[c + 1]));
+        EXPECT_EQ(quant::encode_m(mid_m, word), quant::encode_one(m, mid_m, word)) << c;
+        EXPECT_EQ(quant::encode_v(mid_v, word), quant::encode_one(v, mid_v, word)) << c;
+      }
+      EXPECT_EQ(quant::encode_m(m[c], word), c);
+      EXPECT_EQ(quant::encode_v(v[c], word), c);
+      compared += 4;
+    }
+  }
+  EXPECT_GT(compared, 400000);
+}
+
+// encode_block element by element, at every vector width: y = sign(x) at the block's max,
+// fl(x * fl(1 / scale)) elsewhere, then encode_one's decision.
+TEST(Q8Encode, EncodeBlockIsEncodeOneOfEachElementAtEveryWidth) {
+  const float* m = quant::codebook_m_table();
+  const float* v = quant::codebook_v_table();
+  std::uint32_t s = 5;
+  float x[quant::kBlock], ax[quant::kBlock];
+  std::uint16_t words[quant::kBlock];
+  std::uint8_t cm[quant::kBlock], cv[quant::kBlock];
+  for (int rep = 0; rep < 200; ++rep) {
+    const int n = rep % 7 == 0 ? 1 + rep % quant::kBlock : quant::kBlock;
+    for (int i = 0; i < n; ++i) {
+      s = s * 1664525u + 1013904223u;
+      x[i] = std::ldexp(static_cast<float>(static_cast<std::int32_t>(s) >> 7) / (1 << 24), -(rep % 30));
+      ax[i] = std::fabs(x[i]);
+      s = s * 1664525u + 1013904223u;
+      words[i] = static_cast<std::uint16_t>(s >> 16);
+    }
+    const float sm = quant::block_scale(x, n), sv = quant::block_scale(ax, n);
+    const float rm = 1.0f / sm, rv = 1.0f / sv;
+    // each width's form, then the inline one of this file (-1)
+    for (int form = -1; form < static_cast<int>(isas_here().size()); ++form) {
+      std::string name = "inline";
+      if (form < 0) {
+        quant::encode_block_m(sm, x, n, words, cm);
+        quant::encode_block_v(sv, ax, n, words, cv);
+      } else {
+        const luminav::cpu::CpuIsa isa = isas_here()[static_cast<std::size_t>(form)];
+        name = luminav::cpu::cpu_isa_name(isa);
+        luminav::cpu::q8::encode_block_at(isa, true, sm, x, n, words, cm);
+        luminav::cpu::q8::encode_block_at(isa, false, sv, ax, n, words, cv);
+      }
+      for (int i = 0; i < n; ++i) {
+        const float ym = std::fabs(x[i]) == sm ? std::copysign(1.0f, x[i]) : x[i] * rm;
+        const float yv = ax[i] == sv ? 1.0f : ax[i] * rv;
+        ASSERT_EQ(cm[i], quant::encode_one(m, ym, words[i])) << name << " " << rep << " " << i;
+        ASSERT_EQ(cv[i], quant::encode_one(v, yv, words[i])) << name << " " << rep << " " << i;
+      }
+    }
+  }
+}
+
 // Over all 65536 words the upper code is taken with probability (y - C[lo]) / (C[hi] - C[lo])
 // to within 2^-16 (the threshold's grid) and float32 rounding of the two differences.
 TEST(Q8Encode, TheRoundingIsUnbiased) {
@@ -150,30 +333,45 @@ TEST(Q8Encode, TheRoundingIsUnbiased) {
 
 TEST(Q8Encode, BlockScaleAndSpecialBlocks) {
   const float* m = quant::codebook_m_table();
-  const float* v = quant::codebook_v_table();
   std::vector<std::uint16_t> words(4, 12345);
   std::vector<std::uint8_t> codes(4, 7);
   const float x[4] = {-3.0f, 1.5f, 3.0f, 0.0f};
   const float s = quant::block_scale(x, 4);
   EXPECT_EQ(s, 3.0f);
-  quant::encode_block(m, quant::kZeroCodeM, s, x, 4, words.data(), codes.data());
+  quant::encode_block_m(s, x, 4, words.data(), codes.data());
   EXPECT_EQ(codes[0], 0);    // -scale: y = -1 exactly
   EXPECT_EQ(codes[2], 255);  // +scale: y = 1 exactly
   EXPECT_EQ(codes[3], 128);  // 0
   EXPECT_TRUE(codes[1] == quant::bracket(m, 0.5f) || codes[1] == quant::bracket(m, 0.5f) + 1);
   const float zeros[3] = {0.0f, -0.0f, 0.0f};
   EXPECT_EQ(quant::block_scale(zeros, 3), 0.0f);
-  quant::encode_block(v, quant::kZeroCodeV, 0.0f, zeros, 3, words.data(), codes.data());
+  quant::encode_block_v(0.0f, zeros, 3, words.data(), codes.data());
   EXPECT_EQ(codes[0], 0);
   const float bad[3] = {1.0f, std::numeric_limits<float>::infinity(), 2.0f};
   const float nan_scale = quant::block_scale(bad, 3);
   EXPECT_TRUE(std::isnan(nan_scale));
-  quant::encode_block(m, quant::kZeroCodeM, nan_scale, bad, 3, words.data(), codes.data());
+  quant::encode_block_m(nan_scale, bad, 3, words.data(), codes.data());
   EXPECT_EQ(codes[0], 128);
   EXPECT_EQ(codes[2], 128);
   float decoded[3];
   quant::decode_block(m, nan_scale, codes.data(), 3, decoded);
   EXPECT_TRUE(std::isnan(decoded[1]));
+}
+
+// decode_block_m / decode_block_v (C by its formula) against decode_block with the tables: every
+// code under scales of several binades, 0 and NaN.
+TEST(Q8Decode, TheFormulaDecodeIsTheTableDecode) {
+  std::uint8_t codes[256];
+  for (int c = 0; c < 256; ++c) codes[c] = static_cast<std::uint8_t>(255 - c);
+  float a[256], b[256];
+  for (float scale : {1.0f, 3.0f, 1e-30f, 0.7f, 6.5e4f, 0.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    quant::decode_block_m(scale, codes, 256, a);
+    quant::decode_block(quant::codebook_m_table(), scale, codes, 256, b);
+    for (int i = 0; i < 256; ++i) EXPECT_EQ(bits(a[i]), bits(b[i])) << "m, code " << int(codes[i]) << " scale " << scale;
+    quant::decode_block_v(scale, codes, 256, a);
+    quant::decode_block(quant::codebook_v_table(), scale, codes, 256, b);
+    for (int i = 0; i < 256; ++i) EXPECT_EQ(bits(a[i]), bits(b[i])) << "v, code " << int(codes[i]) << " scale " << scale;
+  }
 }
 
 TEST(Q8Layout, BlocksFollowRowsOfRowLen) {

@@ -61,8 +61,6 @@ struct Work {
   std::size_t first_row;  // row of the range's first item
   const TensorConsts* consts;
   RandomWordsFn words;
-  const float* table_m;
-  const float* table_v;
   // pass 1
   float* partial;
   std::uint8_t* bad;
@@ -92,10 +90,8 @@ LV_TILE_INLINE void pass1_items(const Work& w, std::int64_t begin, std::int64_t 
       const float* g = tile_in(cfg.grad_dtype, row.grad, first, nt, tile.g);
       all_finite = all_finite && tile_all_finite(g, nt);
       if (!w.need_sum) continue;
-      quant::decode_block(w.table_m, row.scale_m[qb], static_cast<const std::uint8_t*>(row.exp_avg) + first, nt,
-                          tile.m);
-      quant::decode_block(w.table_v, row.scale_v[qb], static_cast<const std::uint8_t*>(row.exp_avg_sq) + first, nt,
-                          tile.v);
+      quant::decode_block_m(row.scale_m[qb], static_cast<const std::uint8_t*>(row.exp_avg) + first, nt, tile.m);
+      quant::decode_block_v(row.scale_v[qb], static_cast<const std::uint8_t*>(row.exp_avg_sq) + first, nt, tile.v);
       direction_tile<StateRound::kNone>(c, nt, g, tile.m, tile.v, tile.u, tile.w1, tile.w2);
       const float* u = tile.u;
       int i = 0;
@@ -114,13 +110,14 @@ LV_TILE_INLINE void pass1_items(const Work& w, std::int64_t begin, std::int64_t 
   }
 }
 
-// A moment's new block scale and codes (stream 3: m, 4: v), written in place of the old ones.
-LV_TILE_INLINE void store_block(const Work& w, const TensorConsts& c, const float* table, std::uint8_t zero,
-                                std::uint32_t stream, std::int64_t global_first, const float* x, int nt,
+// A moment's new block scale and codes (m: stream 3, v: stream 4), written in place of the old
+// ones.
+template <bool kSigned>
+LV_TILE_INLINE void store_block(const Work& w, const TensorConsts& c, std::int64_t global_first, const float* x, int nt,
                                 std::uint16_t* words, float* scale, std::uint8_t* codes) {
   const float s = quant::block_scale(x, nt);
-  w.words(c.key, global_first, nt, stream, words);
-  quant::encode_block(table, zero, s, x, nt, words, codes);
+  w.words(c.key, global_first, nt, kSigned ? 3u : 4u, words);
+  quant::encode_block<kSigned>(s, x, nt, words, codes);
   *scale = s;
 }
 
@@ -152,8 +149,8 @@ LV_TILE_INLINE void pass2_items(const Work& w, std::int64_t begin, std::int64_t 
       const std::int64_t global_first = row.elem_offset + first;
       const float* g = tile_in(cfg.grad_dtype, row.grad, first, nt, tile.g);
       float* p = tile_inout(cfg.param_dtype, row.param, first, nt, tile.p);
-      quant::decode_block(w.table_m, row.scale_m[qb], codes_m + first, nt, tile.m);
-      quant::decode_block(w.table_v, row.scale_v[qb], codes_v + first, nt, tile.v);
+      quant::decode_block_m(row.scale_m[qb], codes_m + first, nt, tile.m);
+      quant::decode_block_v(row.scale_v[qb], codes_v + first, nt, tile.v);
       // 1-6: moments (unrounded), direction, soft clip, decoupled decay and step
       update(StateRound::kNone, clip, c, nt, tau, decay, lr, g, tile.m, tile.v, p, tile.w1, tile.w2, tile.u, nullptr,
              tile.large);
@@ -162,10 +159,8 @@ LV_TILE_INLINE void pass2_items(const Work& w, std::int64_t begin, std::int64_t 
       // 8. store p (stream 0), then m and v: new block scales, codes rounded with streams 3 and 4
       if (c.param_words) w.words(c.key, global_first, nt, 0u, tile.w);
       tile_out(cfg.param_dtype, row.param, first, nt, p, c.param_words ? tile.w : nullptr);
-      store_block(w, c, w.table_m, quant::kZeroCodeM, 3u, global_first, tile.m, nt, tile.w1, row.scale_m + qb,
-                  codes_m + first);
-      store_block(w, c, w.table_v, quant::kZeroCodeV, 4u, global_first, tile.v, nt, tile.w2, row.scale_v + qb,
-                  codes_v + first);
+      store_block<true>(w, c, global_first, tile.m, nt, tile.w1, row.scale_m + qb, codes_m + first);
+      store_block<false>(w, c, global_first, tile.v, nt, tile.w2, row.scale_v + qb, codes_v + first);
     }
   }
 }
@@ -185,6 +180,44 @@ __attribute__((target(LV_AVX512_TARGET))) void pass1_avx512(const Work& w, std::
 }
 __attribute__((target(LV_AVX512_TARGET))) void pass2_avx512(const Work& w, std::int64_t b, std::int64_t e) {
   pass2_items(w, b, e);
+}
+#endif
+
+// bracket_many / encode_block_at's loops at each width (the passes inline the same functions).
+LV_TILE_INLINE void bracket_loop(bool m, const float* __restrict y, std::int64_t n, std::int32_t* __restrict lo) {
+  if (m) {
+    for (std::int64_t i = 0; i < n; ++i) lo[i] = quant::bracket_m(y[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) lo[i] = quant::bracket_v(y[i]);
+  }
+}
+LV_TILE_INLINE void encode_one_block(bool m, float scale, const float* x, int n, const std::uint16_t* words,
+                                     std::uint8_t* codes) {
+  if (m) {
+    quant::encode_block<true>(scale, x, n, words, codes);
+  } else {
+    quant::encode_block<false>(scale, x, n, words, codes);
+  }
+}
+void bracket_baseline(bool m, const float* y, std::int64_t n, std::int32_t* lo) { bracket_loop(m, y, n, lo); }
+void encode_baseline(bool m, float s, const float* x, int n, const std::uint16_t* w, std::uint8_t* c) {
+  encode_one_block(m, s, x, n, w, c);
+}
+#if LV_Q8_CLONES
+__attribute__((target("avx2"))) void bracket_avx2(bool m, const float* y, std::int64_t n, std::int32_t* lo) {
+  bracket_loop(m, y, n, lo);
+}
+__attribute__((target("avx2"))) void encode_avx2(bool m, float s, const float* x, int n, const std::uint16_t* w,
+                                                 std::uint8_t* c) {
+  encode_one_block(m, s, x, n, w, c);
+}
+__attribute__((target(LV_AVX512_TARGET))) void bracket_avx512(bool m, const float* y, std::int64_t n,
+                                                              std::int32_t* lo) {
+  bracket_loop(m, y, n, lo);
+}
+__attribute__((target(LV_AVX512_TARGET))) void encode_avx512(bool m, float s, const float* x, int n,
+                                                             const std::uint16_t* w, std::uint8_t* c) {
+  encode_one_block(m, s, x, n, w, c);
 }
 #endif
 
@@ -211,12 +244,31 @@ Work make_work(const GroupConfig& cfg, const TensorRow* rows, const std::vector<
   w.starts = starts.data();
   w.consts = consts;
   w.words = random_words_fn(isa);
-  w.table_m = quant::codebook_m_table();
-  w.table_v = quant::codebook_v_table();
   return w;
 }
 
 }  // namespace
+
+void bracket_many(CpuIsa isa, bool m, const float* y, std::int64_t n, std::int32_t* lo) {
+#if LV_Q8_CLONES
+  if (isa == CpuIsa::kAvx512) return bracket_avx512(m, y, n, lo);
+  if (isa == CpuIsa::kAvx2) return bracket_avx2(m, y, n, lo);
+#else
+  (void)isa;
+#endif
+  bracket_baseline(m, y, n, lo);
+}
+
+void encode_block_at(CpuIsa isa, bool m, float scale, const float* x, int n, const std::uint16_t* words,
+                     std::uint8_t* codes) {
+#if LV_Q8_CLONES
+  if (isa == CpuIsa::kAvx512) return encode_avx512(m, scale, x, n, words, codes);
+  if (isa == CpuIsa::kAvx2) return encode_avx2(m, scale, x, n, words, codes);
+#else
+  (void)isa;
+#endif
+  encode_baseline(m, scale, x, n, words, codes);
+}
 
 void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, const TensorConsts* consts, float* stats,
            std::int32_t* found_inf, ThreadPool& pool, CpuIsa isa) {

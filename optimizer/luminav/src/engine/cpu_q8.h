@@ -27,6 +27,13 @@ void pass1(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, const t
 void pass2(const GroupConfig& cfg, const TensorRow* rows, std::size_t n, const tiles::TensorConsts* consts,
            const float* taus, float lr, ThreadPool& pool, CpuIsa isa);
 
+// The store rule's search and a block's encoding compiled at `isa`'s width, as the passes run
+// them (tests/test_cpu_quant.cpp compares every width with the binary search): lo[i] =
+// bracket_m(y[i]) (m) or bracket_v(y[i]); codes of quant::encode_block (m: C_m, else C_v).
+void bracket_many(CpuIsa isa, bool m, const float* y, std::int64_t n, std::int32_t* lo);
+void encode_block_at(CpuIsa isa, bool m, float scale, const float* x, int n, const std::uint16_t* words,
+                     std::uint8_t* codes);
+
 }  // namespace q8
 }  // namespace cpu
 }  // namespace luminav
