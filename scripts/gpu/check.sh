@@ -3,7 +3,7 @@
 # stage has a time limit, its log and CSVs go under $OUT (default ./out).
 #
 #   env        versions: GPU, driver, Python, torch, Triton, CUDA, CMake
-#   build      pip install --target build/gpu-new (the native module, the luminav command, the
+#   build      pip install --target build/gpu-new (EXTRA_CMAKE_ARGS added; the native module, the luminav command, the
 #              default bundle compiled here); then a test bundle of every variant for this GPU's
 #              arch (build/gpu-test-bundle), or none with TEST_BUNDLE=default (the tests then take
 #              the default bundle: the same variants)
@@ -92,7 +92,7 @@ if has env; then
   stage env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader 2>&1 | head -n 4; $PY -c \"import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')\"; cmake --version | head -n 1; lscpu | grep 'Model name'"
 fi
 if has build; then
-  stage build-new 600 env CMAKE_ARGS="$deps" CMAKE_BUILD_PARALLEL_LEVEL="$J" $PY -m pip install -q \
+  stage build-new 600 env CMAKE_ARGS="$deps ${EXTRA_CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL="$J" $PY -m pip install -q \
     --no-build-isolation --no-deps --upgrade --target "$NEW" .
   [ "${TEST_BUNDLE:-}" = default ] || stage test-bundle 300 env PYTHONPATH="$NEW" $PY -m luminamoon aot build \
     --arch "$ARCH" --out "$TB" --jobs "$J" --quiet
