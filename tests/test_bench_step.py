@@ -20,7 +20,14 @@ def _module():
     spec = importlib.util.spec_from_file_location("bench_step", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # (its dataclasses look their module up)
-    spec.loader.exec_module(mod)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        # the script puts its tree's python/ first (to time that tree's sources); the suite's
+        # later processes (spawned ranks, the CLI's subprocesses) inherit sys.path and must keep
+        # importing the installed package, with its compiled module
+        sys.path[:] = saved
     return mod
 
 
