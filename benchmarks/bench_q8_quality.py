@@ -56,6 +56,7 @@ from bench_memory import GPT  # noqa: E402  (imports the installed luminamoon, e
 
 import luminamoon  # noqa: E402
 from luminamoon import LuminaMoon  # noqa: E402
+from luminamoon.bench import state_nbytes  # noqa: E402
 from luminamoon.demo.data import CharVocab, stdlib_sources  # noqa: E402
 
 # (option, default, default with --quick)
@@ -178,29 +179,6 @@ def set_lr(opt, value: float) -> None:
             group["lr"] = value
 
 
-def state_bytes(opt) -> int:
-    """Bytes of the storages behind opt.state's tensors (each once; a tensor subclass, such as
-    torchao's 8-bit state, through its inner tensors)."""
-    seen, total = set(), 0
-
-    def visit(t) -> None:
-        nonlocal total
-        if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
-            for name in t.__tensor_flatten__()[0]:
-                visit(getattr(t, name))
-            return
-        storage = t.untyped_storage()
-        if (storage.data_ptr(), t.device) not in seen:
-            seen.add((storage.data_ptr(), t.device))
-            total += storage.nbytes()
-
-    for state in opt.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                visit(value)
-    return total
-
-
 def backend_of(opt) -> str:
     plan = getattr(opt, "_plan", None)
     if plan is not None and getattr(plan, "backends", None):
@@ -259,7 +237,7 @@ def train(run: str, args, data: Data, device: torch.device, init_state) -> dict:
     tokens_per_s = timed_steps * args.batch * args.seq / timed if timed > 0 else math.nan
     n_params = sum(p.numel() for p in model.parameters())
     return dict(curve=curve, tokens_per_s=tokens_per_s, backend=backend_of(opt),
-                state_bpp=state_bytes(opt) / n_params, n_params=n_params)
+                state_bpp=state_nbytes(opt) / n_params, n_params=n_params)
 
 
 def main(argv=None) -> int:

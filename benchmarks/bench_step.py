@@ -40,6 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
 from luminamoon import LuminaMoon  # noqa: E402
+from luminamoon.bench import state_nbytes  # noqa: E402
 from luminamoon.kernels import quant  # noqa: E402
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -415,29 +416,6 @@ def _torch_modes(case: BenchCase) -> Tuple[str, ...]:
 
 IMPLS = ["luminamoon-triton", "torch-adamw-fused", "torch-adamw-foreach", "torchao-adamw-bf16sr",
          "optimi-adamw", "torchao-adamw8bit", "bnb-adamw8bit", "luminamoon-reference"]
-
-
-def state_nbytes(opt) -> int:
-    """Bytes of the storages behind the tensors of ``opt.state`` (each storage once; a tensor
-    subclass such as torchao's 8-bit state through its inner tensors)."""
-    seen, total = set(), 0
-
-    def visit(t) -> None:
-        nonlocal total
-        if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
-            for name in t.__tensor_flatten__()[0]:
-                visit(getattr(t, name))
-            return
-        storage = t.untyped_storage()
-        if (storage.data_ptr(), t.device) not in seen:
-            seen.add((storage.data_ptr(), t.device))
-            total += storage.nbytes()
-
-    for state in opt.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                visit(value)
-    return total
 
 
 def run_one(case: BenchCase, mode: str, impl: str, device: torch.device, steps: int,

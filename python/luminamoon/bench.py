@@ -26,6 +26,32 @@ def _time_steps(opt, params, *, steps: int, warmup: int, sync) -> float:
     return statistics.median(samples)
 
 
+def state_nbytes(opt) -> int:
+    """Bytes of the storages behind the tensors of ``opt.state``, each storage once (a tensor
+    subclass, such as torchao's 8-bit state, through its inner tensors): what the state holds,
+    not what the allocator reserved. The demo and the benchmarks measure state with it."""
+    import torch
+
+    seen, total = set(), 0
+
+    def visit(t) -> None:
+        nonlocal total
+        if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+            for name in t.__tensor_flatten__()[0]:
+                visit(getattr(t, name))
+            return
+        storage = t.untyped_storage()
+        if (storage.data_ptr(), t.device) not in seen:
+            seen.add((storage.data_ptr(), t.device))
+            total += storage.nbytes()
+
+    for state in opt.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                visit(value)
+    return total
+
+
 def torch_randn_like(p):
     import torch
 

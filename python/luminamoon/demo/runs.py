@@ -10,6 +10,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from .config import Config
 from .data import CharVocab, stdlib_sources
+from ..bench import state_nbytes
 from .model import make_model_class
 
 # --------------------------------------------------------------------------------------------
@@ -60,7 +61,7 @@ class RunResult:
     skipped: int = 0
     nan_from: Optional[int] = None  # first step whose weights are NaN
     weights_finite: bool = True
-    state_bytes: float = math.nan  # the optimizer's state a parameter element (state_bytes())
+    state_bytes: float = math.nan  # the optimizer's state a parameter element (bench.state_nbytes)
     note: str = ""  # why the run did not run, when it did not
 
     @property
@@ -213,22 +214,6 @@ def _backend_of(opt) -> str:
     return "torch"
 
 
-def state_bytes(opt) -> int:
-    """Bytes of the storages behind ``opt.state``'s tensors, each storage once (on CPU the
-    demo's measure of the state: what the tensors hold, not what the allocator reserved)."""
-    import torch
-
-    seen, total = set(), 0
-    for state in opt.state.values():
-        for t in state.values():
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                if (storage.data_ptr(), t.device) not in seen:
-                    seen.add((storage.data_ptr(), t.device))
-                    total += storage.nbytes()
-    return total
-
-
 def q8_blocker(session: Session) -> Optional[str]:
     """None where the backend of the training runs steps q8 moments itself; else why not.
     ("auto" would hand the q8 tensors to the reference backend, an oracle far slower than the
@@ -311,7 +296,7 @@ def train(session: Session, spec: RunSpec, progress_factory: Callable) -> RunRes
         t1 = time.perf_counter()
         if step == 0:  # the first step creates the state: on CUDA what the allocator gained
             used = (torch.cuda.memory_allocated(session.device) - allocated if cuda
-                    else state_bytes(opt))
+                    else state_nbytes(opt))
             result.state_bytes = used / sum(p.numel() for p in params.values())
         result.opt_seconds.append(t1 - t0)
         losses[step] = loss.detach()
