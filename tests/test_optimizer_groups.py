@@ -243,10 +243,10 @@ def test_public_surface():
     import luminamoon
     import luminamoon.optimizer as opt_pkg
 
-    assert luminamoon.__all__ == ["LuminaMoon", "tdclm", "step_in_backward", "InBackward",
+    assert luminamoon.__all__ == ["LuminaMoon", "tdclm", "q8_state", "step_in_backward", "InBackward",
                                   "offload", "CpuOffload", "__version__"]
     assert luminamoon.__version__ == "0.1.0"
-    assert set(opt_pkg.__all__) == {"LuminaMoon", "tdclm"}
+    assert set(opt_pkg.__all__) == {"LuminaMoon", "tdclm", "q8_state"}
     assert issubclass(LuminaMoon, torch.optim.Optimizer)
 
 

@@ -17,7 +17,7 @@ from luminamoon.kernels import quant
 from luminamoon.optimizer import rng
 from luminamoon.optimizer._groups import Hyper, TensorRef, group_tensors
 
-from conftest import import_or_skip, require
+from conftest import CPU_BACKENDS, import_or_skip, require
 
 hypothesis = import_or_skip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
@@ -315,6 +315,63 @@ def test_resume_is_bitwise():
         assert torch.equal(pa, pb)
         for key, value in opt_a.state[pa].items():
             assert torch.equal(value, opt_b.state[pb][key]), key
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_functional_form_steps_q8_as_the_optimizer(backend):
+    from luminamoon import q8_state, tdclm
+
+    hyper = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05, clip=1.0,
+                 bound_mode="rel", bound=0.5, maximize=False, nonfinite="skip",
+                 stochastic_rounding=True)
+    a = _params(SHAPES, 2, torch.bfloat16)
+    opt = LuminaMoon(a, state_dtype="q8", seed=9, backend=backend, **hyper)
+    b = [p.detach().clone() for p in a]
+    p_inits = [p.clone() for p in b]
+    moments = [q8_state(p) if p.numel() >= 4096 else
+               (torch.zeros_like(p, dtype=torch.float32), torch.zeros_like(p, dtype=torch.float32),
+                None, None) for p in b]
+    m, v, ms, vs = (list(x) for x in zip(*moments))
+    steps = [torch.zeros((), dtype=torch.int64) for _ in b]
+    for seed in (1, 2, 3):
+        _grads(a, seed)
+        opt.step()
+        tdclm(b, [p.grad for p in a], m, v, p_inits, steps, exp_avg_scales=ms,
+              exp_avg_sq_scales=vs, seed=9, backend=backend, **hyper)
+    for i, (pa, pb) in enumerate(zip(a, b)):
+        assert torch.equal(pa.detach(), pb), i
+        state = opt.state[pa]
+        assert torch.equal(state["exp_avg"], m[i]) and torch.equal(state["exp_avg_sq"], v[i])
+        if ms[i] is not None:
+            assert torch.equal(state["exp_avg_scale"], ms[i])
+            assert torch.equal(state["exp_avg_sq_scale"], vs[i])
+    assert m[0].dtype == torch.uint8 and m[-1].dtype == torch.float32  # (10,): below the rule
+
+
+def test_functional_form_refuses_q8_state_it_cannot_read():
+    from luminamoon import q8_state, tdclm
+
+    hyper = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0, clip=1.0,
+                 bound_mode="none", bound=0.0, maximize=False, nonfinite="skip",
+                 stochastic_rounding=True, seed=1)
+    p, g = torch.zeros(64, 64), torch.ones(64, 64)
+    m, v, ms, vs = q8_state(p)
+    step = torch.zeros((), dtype=torch.int64)
+    with pytest.raises(ValueError, match="no scales were given"):
+        tdclm([p], [g], [m], [v], None, [step], **hyper)
+    with pytest.raises(ValueError, match="exp_avg_sq_scales has none"):
+        tdclm([p], [g], [m], [v], None, [step], exp_avg_scales=[ms], **hyper)
+    with pytest.raises(ValueError, match="exp_avg_scale.*must be torch.float32 of shape"):
+        tdclm([p], [g], [m], [v], None, [step], exp_avg_scales=[ms[:1]],
+              exp_avg_sq_scales=[vs], **hyper)
+    small = torch.zeros(10)
+    with pytest.raises(ValueError, match="below q8's size rule"):
+        q8_state(small)
+    with pytest.raises(ValueError, match="below q8's size rule.*give None"):
+        tdclm([small], [torch.ones(10)], [torch.zeros(10)], [torch.zeros(10)], None, [step],
+              exp_avg_scales=[ms], exp_avg_sq_scales=[vs], **hyper)
+    assert torch.equal(p, torch.zeros(64, 64)) and int(step) == 0  # nothing stepped
+    assert torch.equal(m, q8_state(p)[0])
 
 
 def test_conversion_both_ways_warns():

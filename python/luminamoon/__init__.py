@@ -3,7 +3,7 @@
 Importing the package defines things and does nothing else: no device probing, no
 compilation, no kernel loading.
 """
-from .optimizer import LuminaMoon, tdclm
+from .optimizer import LuminaMoon, q8_state, tdclm
 from .optimizer.in_backward import InBackward, step_in_backward
 from .optimizer.offload import CpuOffload, offload
 
@@ -26,5 +26,5 @@ def _read_version() -> str:
 
 __version__ = _read_version()
 
-__all__ = ["LuminaMoon", "tdclm", "step_in_backward", "InBackward", "offload", "CpuOffload",
+__all__ = ["LuminaMoon", "tdclm", "q8_state", "step_in_backward", "InBackward", "offload", "CpuOffload",
            "__version__"]

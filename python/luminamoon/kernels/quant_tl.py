@@ -37,9 +37,10 @@ _TINY: tl.constexpr = tl.constexpr(1e-30)
 _L1: tl.constexpr = tl.constexpr(1.423495)
 _L2: tl.constexpr = tl.constexpr(-0.5877728)
 _L3: tl.constexpr = tl.constexpr(0.16559298)
-# C_m's zero code; a NaN scale.
+# C_m's zero code; a NaN scale's bits (a NaN constexpr would not equal itself, which Triton
+# before 3.2 takes for a global that changed between the kernels that read it).
 _ZERO_M: tl.constexpr = tl.constexpr(128)
-_NAN: tl.constexpr = tl.constexpr(float("nan"))
+_NAN_BITS: tl.constexpr = tl.constexpr(0x7FC00000)
 
 
 @triton.jit
@@ -124,7 +125,7 @@ def _block_scale(x, mask):
     if mask is not None:
         mag = tl.where(mask, mag, 0)
     top = tl.max(tl.max(mag, axis=2), axis=0)
-    return tl.where(top >= 0x7F800000, _NAN, top.to(tl.float32, bitcast=True))
+    return tl.where(top >= 0x7F800000, _NAN_BITS, top).to(tl.float32, bitcast=True)
 
 
 @triton.jit

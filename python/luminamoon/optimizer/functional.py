@@ -11,6 +11,8 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
+from ..kernels.quant import MIN_NUMEL, Q8, q8_eligible
+from . import _q8_state
 from ._dtensor import local_tensor
 from ._groups import TensorRef, group_tensors
 from ._step import run_launch_groups
@@ -26,7 +28,19 @@ from ._validation import (
 from .backends import select_backend
 from .backends.base import Backend
 
-__all__ = ["tdclm"]
+__all__ = ["tdclm", "q8_state"]
+
+
+def q8_state(p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fresh q8 moments for ``p`` as :func:`tdclm` takes them: (exp_avg codes, exp_avg_sq
+    codes, exp_avg scales, exp_avg_sq scales), every code the codebook's zero and every scale
+    0. ValueError for a parameter below the size rule (it keeps float32 moments)."""
+    if not q8_eligible(p.numel()):
+        raise ValueError(f"a parameter of {p.numel()} elements is below q8's size rule "
+                         f"(numel >= {MIN_NUMEL}); it keeps float32 moments: torch.zeros_like(p, "
+                         f"dtype=torch.float32)")
+    s = _q8_state.new_state(p)
+    return s["exp_avg"], s["exp_avg_sq"], s["exp_avg_scale"], s["exp_avg_sq_scale"]
 
 
 def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[torch.Tensor],
@@ -36,6 +50,8 @@ def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[
           weight_decay: float, clip: float, bound_mode: str, bound: float, maximize: bool,
           nonfinite: str, stochastic_rounding: bool, seed: int,
           found_inf: Optional[torch.Tensor] = None, skipped: Optional[torch.Tensor] = None,
+          exp_avg_scales: Optional[List[Optional[torch.Tensor]]] = None,
+          exp_avg_sq_scales: Optional[List[Optional[torch.Tensor]]] = None,
           backend: Union[str, Backend] = "reference", aot_bundle=None) -> None:
     """One TDCLM step (docs/tdclm.md) of ``params`` in place, with one set of hyperparameters.
 
@@ -45,6 +61,12 @@ def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[
     step counts (updated in place). ``param_indices`` gives each tensor's index k in the
     rounding streams (default 0, 1, ...). ``found_inf``: an int32 0-dim tensor that receives
     the step's skip decision (zeroed first); ``skipped``: an int64 0-dim counter increased by it.
+
+    q8 moments (docs/tdclm.md, "Quantized moments (q8)"): give ``exp_avg_scales`` and
+    ``exp_avg_sq_scales``, one entry a parameter. A parameter the size rule makes eligible
+    (numel >= 4096) then holds uint8 codes of its shape in ``exp_avgs``/``exp_avg_sqs`` and its
+    float32 scales in the two lists (:func:`q8_state` makes fresh ones); a smaller one keeps
+    float32 moments and None as its scales.
     """
     n = len(params)
     lists = {"grads": grads, "exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs, "steps": steps}
@@ -54,10 +76,22 @@ def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[
         if len(values) != n:
             raise ValueError(f"{key} has {len(values)} entries but params has {n}; give one per "
                              f"parameter")
-    if not exp_avgs:
+    q8 = exp_avg_scales is not None or exp_avg_sq_scales is not None
+    if q8:
+        for key, values in (("exp_avg_scales", exp_avg_scales),
+                            ("exp_avg_sq_scales", exp_avg_sq_scales)):
+            if values is None or len(values) != n:
+                raise ValueError(f"q8 moments need both exp_avg_scales and exp_avg_sq_scales, "
+                                 f"one entry a parameter ({n}); {key} has "
+                                 f"{'none' if values is None else len(values)}")
+        state_dtype = Q8
+    elif not exp_avgs:
         state_dtype = torch.float32
     else:
         state_dtype = exp_avgs[0].dtype
+        if state_dtype == torch.uint8:
+            raise ValueError("exp_avgs holds uint8 codes but no scales were given: q8 moments "
+                             "need exp_avg_scales and exp_avg_sq_scales (see q8_state())")
     hyper_dict = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, clip=clip,
                       bound_mode=bound_mode, bound=bound, maximize=maximize, nonfinite=nonfinite,
                       stochastic_rounding=stochastic_rounding, state_dtype=state_dtype)
@@ -88,8 +122,20 @@ def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[
         p, g = params[i], grads[i]
         check_param(p, name)
         check_grad(p, g, name)
-        check_state_tensor(p, exp_avgs[i], "exp_avg", state_dtype, name)
-        check_state_tensor(p, exp_avg_sqs[i], "exp_avg_sq", state_dtype, name)
+        scales = (None, None)
+        if _q8_state.is_q8(p, state_dtype):
+            scales = (exp_avg_scales[i], exp_avg_sq_scales[i])
+            _q8_state.check_state(p, {"exp_avg": exp_avgs[i], "exp_avg_sq": exp_avg_sqs[i],
+                                      "exp_avg_scale": scales[0],
+                                      "exp_avg_sq_scale": scales[1]}, name)
+        else:
+            if q8 and (exp_avg_scales[i] is not None or exp_avg_sq_scales[i] is not None):
+                raise ValueError(f"{name} has {p.numel()} elements, below q8's size rule "
+                                 f"(numel >= {MIN_NUMEL}): it keeps "
+                                 f"float32 moments; give None as its scales")
+            moment_dtype = torch.float32 if q8 else state_dtype
+            check_state_tensor(p, exp_avgs[i], "exp_avg", moment_dtype, name)
+            check_state_tensor(p, exp_avg_sqs[i], "exp_avg_sq", moment_dtype, name)
         if hyper.bound_mode:
             check_state_tensor(p, p_inits[i], "p_init", p.dtype, name)
         step = steps[i]
@@ -101,7 +147,7 @@ def tdclm(params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[
                              f"each step counter on its parameter's device")
         refs.append(TensorRef(p, g, exp_avgs[i], exp_avg_sqs[i],
                               p_inits[i] if hyper.bound_mode else None, step,
-                              int(param_indices[i]), name))
+                              int(param_indices[i]), name, *scales))
     groups = [group for group, _ in group_tensors(refs, hyper=hyper, state_dtype=state_dtype,
                                                    lr=lr, seed=int(seed))]
     chosen = [select_backend(backend, group, aot_bundle=aot_bundle) for group in groups]
