@@ -17,14 +17,15 @@ BUCKETS = [0, 600, 10**9]  # one bucket per gradient, a few, one for the whole b
 
 
 class Tiny(torch.nn.Module):
-    """Five parameter tensors of different sizes, a tied use (the weight used twice)."""
+    """Five parameter tensors of different sizes, a tied use (the weight used twice); with
+    ``hidden`` >= 64, b's weight is large enough for q8 moments (numel >= 4096)."""
 
-    def __init__(self, dtype=torch.float32):
+    def __init__(self, dtype=torch.float32, hidden=16):
         super().__init__()
-        self.a = torch.nn.Linear(8, 16)
-        self.b = torch.nn.Linear(16, 16)
-        self.norm = torch.nn.LayerNorm(16)
-        self.c = torch.nn.Linear(16, 4, bias=False)
+        self.a = torch.nn.Linear(8, hidden)
+        self.b = torch.nn.Linear(hidden, hidden)
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.c = torch.nn.Linear(hidden, 4, bias=False)
         self.to(dtype)
 
     def forward(self, x):
@@ -33,9 +34,9 @@ class Tiny(torch.nn.Module):
         return self.c(h)
 
 
-def _model(dtype=torch.float32) -> Tiny:
+def _model(dtype=torch.float32, hidden=16) -> Tiny:
     torch.manual_seed(0)
-    return Tiny(dtype)
+    return Tiny(dtype, hidden)
 
 
 def _data(n=6, dtype=torch.float32):
@@ -84,6 +85,19 @@ KW = dict(lr=1e-2, seed=3, clip=1.0)
                          ids=["fp32", "bf16-params", "bf16-state"])
 def test_bitwise_equal_to_the_normal_step(backend, bucket, dtype, state):
     m1, m2 = _model(dtype), _model(dtype)
+    _check_bitwise_equal(m1, m2, backend, bucket, dtype, state)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16-params"])
+def test_q8_moments_bitwise_equal_to_the_normal_step(backend, dtype):
+    m1, m2 = _model(dtype, hidden=80), _model(dtype, hidden=80)
+    ib = _check_bitwise_equal(m1, m2, backend, 0, dtype, "q8")
+    assert ib.state[m2.b.weight]["exp_avg"].dtype == torch.uint8  # q8 codes
+    assert ib.state[m2.a.weight]["exp_avg"].dtype == torch.float32  # below the size rule
+
+
+def _check_bitwise_equal(m1, m2, backend, bucket, dtype, state):
     data = _data(dtype=dtype)
     opt = LuminaMoon(m1.parameters(), backend=backend, state_dtype=state, **KW)
     ib = step_in_backward(m2, backend=backend, state_dtype=state, bucket_bytes=bucket, **KW)
@@ -95,8 +109,10 @@ def test_bitwise_equal_to_the_normal_step(backend, bucket, dtype, state):
     for p1, p2 in zip(m1.parameters(), m2.parameters()):
         s1, s2 = opt.state[p1], ib.state[p2]
         assert int(s1["step"]) == int(s2["step"]) == len(data)
-        assert torch.equal(s1["exp_avg"], s2["exp_avg"])
-        assert torch.equal(s1["exp_avg_sq"], s2["exp_avg_sq"])
+        assert set(s1) == set(s2)
+        for key in s1:
+            assert torch.equal(s1[key], s2[key]), key
+    return ib
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

@@ -99,6 +99,34 @@ def test_accumulation(backend, in_backward):
 
 @pytest.mark.parametrize("in_backward", [False, True], ids=["step", "in-backward"])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_q8_moments_bitwise_equal_to_the_normal_step_and_resume(backend, in_backward):
+    kw = dict(KW, state_dtype="q8")
+    data = _data(6, torch.bfloat16)
+    m1, m2 = _model(torch.bfloat16, 80), _model(torch.bfloat16, 80)
+    opt = LuminaMoon(m1.parameters(), backend=backend, **kw)
+    off = offload(m2, backend=backend, in_backward=in_backward, **kw)
+    assert _train_normal(m1, opt, data[:3]) == _train(m2, off, data[:3])
+    assert _same(m1, m2)
+    host_b = off.optimizer.param_groups[0]["params"][2]  # b.weight's host copy
+    assert off.state[host_b]["exp_avg"].dtype == torch.uint8
+    for p1, h in zip(m1.parameters(), off.optimizer.param_groups[0]["params"]):
+        assert set(opt.state[p1]) == set(off.state[h])
+        for key, value in opt.state[p1].items():
+            assert torch.equal(value, off.state[h][key]), key
+    saved_model, saved = copy.deepcopy(m2.state_dict()), copy.deepcopy(off.state_dict())
+    resumed = _model(torch.bfloat16, 80)
+    resumed.load_state_dict(saved_model)
+    off2 = offload(resumed, backend=backend, in_backward=in_backward, **kw)
+    off2.load_state_dict(saved)
+    _train_normal(m1, opt, data[3:])
+    _train(resumed, off2, data[3:])
+    assert _same(m1, resumed)
+    off.remove()
+    off2.remove()
+
+
+@pytest.mark.parametrize("in_backward", [False, True], ids=["step", "in-backward"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_state_dict_resume_is_bitwise(backend, in_backward):
     data = _data(6)
     ref, model = _model(), _model()
