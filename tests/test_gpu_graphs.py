@@ -33,7 +33,7 @@ from luminamoon.optimizer import LuminaMoon  # noqa: E402
 
 F32, BF16 = torch.float32, torch.bfloat16
 # (param, grad, state) dtype combinations of the launch groups below: the aot bundle's content
-GRAPH_COMBOS = [(F32, F32, F32), (BF16, BF16, F32)]
+GRAPH_COMBOS = [(F32, F32, F32), (BF16, BF16, F32), (F32, F32, "q8"), (BF16, BF16, "q8")]
 
 SEED = 0x5EED_2024_0BAD_F00D
 WARMUP = 3  # eager steps on a side stream before the capture (both runs take them)
@@ -171,7 +171,7 @@ def _run(backend: str, config: List[dict], bundle, graphed: bool) -> dict:
     out = {"params": [p.detach().cpu() for p in params],
            "init": [p.cpu() for p in init],
            "skipped_steps": opt.skipped_steps.cpu()}
-    for key in ("exp_avg", "exp_avg_sq", "step", "p_init"):
+    for key in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale", "step", "p_init"):
         out[key] = [opt.state[p][key].cpu() for p in params if key in opt.state[p]]
     return out
 
@@ -196,7 +196,8 @@ def test_graph_replays_equal_eager_steps(backend, config_name, request):
     assert len(eager["p_init"]) == sum(len(s["shapes"]) for s in config
                                        if s.get("bound_mode", "none") != "none")
 
-    for key in ("params", "exp_avg", "exp_avg_sq", "step", "p_init"):
+    for key in ("params", "exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale", "step",
+                "p_init"):
         assert len(graphed[key]) == len(eager[key]), key
         for j, (a, b) in enumerate(zip(graphed[key], eager[key])):
             assert_bitwise_equal(a, b, f"{backend} {config_name}: {key}[{j}] after {REPLAYS} "

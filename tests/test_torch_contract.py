@@ -26,9 +26,15 @@ BACKENDS = CPU_BACKENDS
 
 
 
-def _model():
+def _model(hidden=7):
+    """hidden=1024: the first weight (5120 elements) keeps q8 moments under state_dtype="q8",
+    the second (3072) float32 ones."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    return torch.nn.Sequential(torch.nn.Linear(5, hidden), torch.nn.Tanh(),
+                               torch.nn.Linear(hidden, 3))
+
+
+STATES = [pytest.param(torch.float32, 7, id="fp32"), pytest.param("q8", 1024, id="q8")]
 
 
 def _train(model, opt, steps=3, seed=1):
@@ -411,12 +417,14 @@ def test_skipped_steps_survive_distributed_checkpoint_state_dicts():
 # ------------------------------------------------------------------------------------------
 # torch.compile
 # ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("state_dtype,hidden", STATES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_compiled_training_step_that_calls_step_matches_eager(backend):
+def test_a_compiled_training_step_that_calls_step_matches_eager(backend, state_dtype, hidden):
     results = []
     for compiled in (False, True):
-        model = _model()
-        opt = LuminaMoon(model.parameters(), lr=1e-2, seed=7, backend=backend)
+        model = _model(hidden)
+        opt = LuminaMoon(model.parameters(), lr=1e-2, seed=7, backend=backend,
+                         state_dtype=state_dtype)
 
         def train_step(x):
             opt.zero_grad()
@@ -429,8 +437,11 @@ def test_a_compiled_training_step_that_calls_step_matches_eager(backend):
         gen = torch.Generator().manual_seed(0)
         for _ in range(3):
             fn(torch.randn(4, 5, generator=gen))
-        results.append([p.detach().clone() for p in model.parameters()])
+        results.append([p.detach().clone() for p in model.parameters()]
+                       + [v for s in opt.state.values() for v in s.values()])
     assert all(torch.equal(a, b) for a, b in zip(*results))
+    if state_dtype == "q8":
+        assert opt.state[model[0].weight]["exp_avg"].dtype == torch.uint8
 
 
 def test_compiling_the_step_itself_works_and_fullgraph_says_why_not():
@@ -545,9 +556,10 @@ class _UnscaleThenStep(LuminaMoon):
     _step_supports_amp_scaling = False
 
 
-def _scaled_training(cls, backend, poisoned, steps=4):
-    model = _model()
-    opt = cls(model.parameters(), lr=1e-2, seed=5, backend=backend, clip=1.0)
+def _scaled_training(cls, backend, poisoned, steps=4, state_dtype=torch.float32, hidden=7):
+    model = _model(hidden)
+    opt = cls(model.parameters(), lr=1e-2, seed=5, backend=backend, clip=1.0,
+              state_dtype=state_dtype)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=2)
     gen = torch.Generator().manual_seed(0)
     for step in range(steps):
@@ -561,12 +573,18 @@ def _scaled_training(cls, backend, poisoned, steps=4):
     return model, opt, scaler
 
 
+@pytest.mark.parametrize("state_dtype,hidden", STATES)
 @pytest.mark.parametrize("poisoned", [(), (1,)], ids=["finite", "overflow"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_grad_scaler_takes_the_scale_into_the_step_and_equals_unscale_then_step(backend, poisoned):
-    ours, opt, scaler = _scaled_training(LuminaMoon, backend, poisoned)
-    theirs, opt2, scaler2 = _scaled_training(_UnscaleThenStep, backend, poisoned)
+def test_grad_scaler_takes_the_scale_into_the_step_and_equals_unscale_then_step(
+        backend, poisoned, state_dtype, hidden):
+    ours, opt, scaler = _scaled_training(LuminaMoon, backend, poisoned, state_dtype=state_dtype,
+                                         hidden=hidden)
+    theirs, opt2, scaler2 = _scaled_training(_UnscaleThenStep, backend, poisoned,
+                                             state_dtype=state_dtype, hidden=hidden)
     assert _same_params(ours, theirs)
+    for s1, s2 in zip(opt.state.values(), opt2.state.values()):
+        assert all(torch.equal(s1[key], s2[key]) for key in s1)
     assert scaler.get_scale() == scaler2.get_scale()
     steps = [int(s["step"]) for s in opt.state.values()]
     assert steps == [int(s["step"]) for s in opt2.state.values()] == [4 - len(poisoned)] * 4
