@@ -13,7 +13,7 @@ BUILD ?= build/cpp
 ASAN_BUILD ?= build/cpp-asan
 FUZZ_BUILD ?= build/fuzz
 # Seconds each libFuzzer target runs in `make fuzz` (and so in `make test`).
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 30
 
 .PHONY: setup system-deps venv install demo-install dev cpp cpp-test cpp-asan-test fuzz pytest test test-matrix demo bench docs docs-deps docs-screenshot wheel clean
 

@@ -422,24 +422,35 @@ def test_format_3_is_refused_by_a_reader_of_2(bundle, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Every kernel variant, for gfx942 and gfx90a (make test runs it)
+# Every kernel variant for gfx942; for gfx90a the variants of bf16 parameters with float32 and
+# q8 moments (every kernel and code path of the catalog, the other dtypes only change loads
+# and stores). make test runs it.
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # 446 compiles (164 of them q8), far longer on a loaded machine
-def test_every_variant_compiles_for_gfx942_and_gfx90a(tmp_path):
+@pytest.mark.timeout(1800)  # 282 compiles, far longer on a loaded machine
+def test_every_variant_compiles_for_gfx942_and_a_gfx90a_subset(tmp_path):
+    import torch
+
     from luminamoon.kernels import catalog
+    from luminamoon.kernels.quant import Q8
 
     if LINK_PROBLEM:
         skip_because("no hip linker", LINK_PROBLEM)
     variants = catalog.all_variants()
+    subset = catalog.all_variants([(torch.bfloat16, torch.bfloat16, torch.float32),
+                                   (torch.bfloat16, torch.bfloat16, Q8)])
+    assert {v.kernel for v in subset} == {v.kernel for v in variants}
     t0 = time.monotonic()
-    man = builder.build_bundle(tmp_path, archs=("gfx942", "gfx90a"), variants=variants,
+    man = builder.build_bundle(tmp_path / "gfx942", archs=("gfx942",), variants=variants,
                                jobs=max(1, min(2, os.cpu_count() or 1)), progress=False)
+    man90 = builder.build_bundle(tmp_path / "gfx90a", archs=("gfx90a",), variants=subset,
+                                 jobs=max(1, min(2, os.cpu_count() or 1)), progress=False)
     took = time.monotonic() - t0
-    assert len(man["kernels"]) == 2 * len(variants)
-    assert mf.verify_bundle(tmp_path)[1] == []
-    for e in man["kernels"]:
-        check_against_note(tmp_path, e)
-    if NATIVE is not None:
-        NATIVE.load_manifest(str(tmp_path))
-    print(f"{len(man['kernels'])} code objects in {took:.0f} s")
+    assert len(man["kernels"]) == len(variants) and len(man90["kernels"]) == len(subset)
+    for folder, m in ((tmp_path / "gfx942", man), (tmp_path / "gfx90a", man90)):
+        assert mf.verify_bundle(folder)[1] == []
+        for e in m["kernels"]:
+            check_against_note(folder, e)
+        if NATIVE is not None:
+            NATIVE.load_manifest(str(folder))
+    print(f"{len(variants) + len(subset)} code objects in {took:.0f} s")
